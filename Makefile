@@ -1,0 +1,39 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Both create .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO := demo
+BUILDS := rtn sq_auto rtn_mavg
+
+.PHONY: demo test lint venv clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch first, pinned, so that no dependency pulls a multi-GB CUDA build; everything else from the lock file.
+$(VENV)/.installed: $(BIN)/python pyproject.toml requirements.lock
+	$(BIN)/pip install --quiet -c requirements.lock torch==2.13.0
+	$(BIN)/pip install --quiet -c requirements.lock -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	rm -rf $(DEMO)
+	$(BIN)/release fixture tiny --out $(DEMO)/fixture
+	$(BIN)/release build $(BUILDS) --source $(DEMO)/fixture/source --observations $(DEMO)/fixture/observations --out $(DEMO)/dist
+	$(BIN)/release card --dist $(DEMO)/dist --lang en
+	$(BIN)/release push --dist $(DEMO)/dist --dry-run
+	@echo
+	@echo "Results: $(DEMO)/dist/<repo>/ (checkpoint, provenance.json, README.md); tiny source in $(DEMO)/fixture/"
+
+lint: venv
+	$(BIN)/ruff check release tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) $(DEMO) dist .cache

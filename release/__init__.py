@@ -1,0 +1,13 @@
+"""release: builds, verifies, documents and publishes quantized Cosmos3 checkpoints."""
+
+__version__ = "0.1.0"
+
+
+class ReleaseError(Exception):
+    """Root of every error the tool reports to a user.
+
+    The message is one line that names the file, field or tensor at fault and says how to fix it;
+    the CLI prints it and exits with ``exit_code`` (2: bad input).
+    """
+
+    exit_code = 2

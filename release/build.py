@@ -1,0 +1,191 @@
+"""``release build``: calibration capture, ModelOpt FP8 quantization, export in NVIDIA's layout, provenance."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from release import ReleaseError, __version__
+from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
+from release.io import atomic_dir, sha256_file, write_json
+from release.observations import Observation, load_observations, split
+from release.source import check_architecture, resolve_source, source_revision
+
+OBSERVATIONS_ENV = "RELEASE_OBSERVATIONS"
+CACHE_ENV = "RELEASE_CACHE"
+IMPLEMENTED_RECIPES = ("rtn",)
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    release: ReleaseConfig
+    builds: list[BuildConfig]
+    source: Path
+    observations: Path
+    out: Path
+    cache: Path
+
+    @classmethod
+    def create(cls, names: tuple[str, ...], all_builds: bool, source: Path | None, observations: Path | None,
+               out: Path) -> BuildRequest:
+        release = load_release()
+        if all_builds:
+            names = tuple(available_builds())
+        if not names:
+            raise ReleaseError(f"name at least one build ({', '.join(available_builds())}) or pass --all")
+        builds = [load_build(n) for n in dict.fromkeys(names)]
+        for b in builds:
+            if b.recipe not in IMPLEMENTED_RECIPES:
+                raise ReleaseError(
+                    f"builds/{b.name}.yaml: recipe {b.recipe!r} is not implemented yet; implemented: "
+                    f"{', '.join(IMPLEMENTED_RECIPES)} (build {', '.join(IMPLEMENTED_RECIPES)} builds only for now)"
+                )
+        src = resolve_source(release, source)
+        if observations is None:
+            observations = Path(os.environ[OBSERVATIONS_ENV]) if os.environ.get(OBSERVATIONS_ENV) else None
+        if observations is None:
+            observations = src.parent / "observations"
+        if not (observations / "index.json").is_file():
+            raise ReleaseError(
+                f"observation set {observations} not found; pass --observations DIR or set {OBSERVATIONS_ENV}"
+            )
+        cache = Path(os.environ.get(CACHE_ENV, ".cache/release"))
+        return cls(release, builds, src, observations, out, cache)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False)
+
+
+def observation_set_digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(folder).as_posix().encode())
+            h.update(sha256_file(p).encode())
+    return h.hexdigest()
+
+
+def capture_calibration(request: BuildRequest, observations: list[Observation], revision: str) -> Path:
+    """Roll the BF16 policy out on the calibration observations and store every transformer call.
+
+    One file per observation under a folder keyed by source revision, observation set and policy settings, so an
+    interrupted capture resumes where it stopped and a changed input captures anew.
+    """
+    from release.policy import capture_calls, load_pipeline, rollout, settings_digest
+
+    key = hashlib.sha256(
+        f"{revision}|{observation_set_digest(request.observations)}|{settings_digest(request.release.policy)}".encode()
+    ).hexdigest()[:20]
+    folder = request.cache / "calibration" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    todo = [o for o in observations if not (folder / f"obs-{o.obs_id:05d}.pt").is_file()]
+    if todo:
+        pipe = load_pipeline(request.source, request.release.policy)
+        with _progress() as progress:
+            task = progress.add_task("capturing calibration calls", total=len(observations))
+            progress.advance(task, len(observations) - len(todo))
+            for obs in todo:
+                calls: list[dict[str, Any]] = []
+                with capture_calls(pipe.transformer, calls.append):
+                    rollout(pipe, obs, request.release.policy)
+                path = folder / f"obs-{obs.obs_id:05d}.pt"
+                torch.save(calls, path.with_suffix(".tmp"))
+                os.replace(path.with_suffix(".tmp"), path)
+                progress.advance(task)
+    return folder
+
+
+def load_calls(folder: Path, observations: list[Observation], limit: int) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+    for obs in observations:
+        calls.extend(torch.load(folder / f"obs-{obs.obs_id:05d}.pt", weights_only=True))
+    if len(calls) < limit:
+        raise ReleaseError(
+            f"only {len(calls)} calibration calls from {len(observations)} observations, the build asks for "
+            f"{limit} (calibration_calls); add observations from the calibration labs or lower calibration_calls"
+        )
+    return calls[:limit]
+
+
+def calls_digest(folder: Path, observations: list[Observation]) -> str:
+    h = hashlib.sha256()
+    for obs in observations:
+        h.update(sha256_file(folder / f"obs-{obs.obs_id:05d}.pt").encode())
+    return h.hexdigest()
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def _build_date() -> str:
+    """UTC build time; ``SOURCE_DATE_EPOCH`` pins it for reproducible outputs."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    when = datetime.fromtimestamp(int(epoch), UTC) if epoch else datetime.now(UTC)
+    return when.replace(microsecond=0).isoformat()
+
+
+def run_builds(request: BuildRequest) -> list[Path]:
+    import diffusers
+    import modelopt
+
+    from release.export import export_build, quantize
+
+    config = check_architecture(request.source)
+    revision = source_revision(request.source)
+    everything = load_observations(request.observations)
+    calibration = split(everything, request.release.calibration_labs)
+    if not calibration:
+        raise ReleaseError(f"{request.observations}: no observation from the calibration labs "
+                           f"({', '.join(request.release.calibration_labs)})")
+    folder = capture_calibration(request, calibration, revision)
+    data_hash = calls_digest(folder, calibration)
+    written = []
+    for build in request.builds:
+        calls = load_calls(folder, calibration, build.calibration_calls)
+        final = request.out / build.repo
+        console.print(f"[bold]build {build.name}[/] -> {final}")
+        with atomic_dir(final) as tmp:
+            model = quantize(request.source, build, calls)
+            n_quantized = export_build(model, build, request.source, tmp)
+            write_json(tmp / "provenance.json", {
+                "build": build.name,
+                "repo": build.repo,
+                "recipe": build.recipe,
+                "source": {"repo": request.release.base_model, "revision": revision,
+                           "architecture": {k: config[k] for k in ("hidden_size", "num_hidden_layers")}},
+                "tool": {"name": "release", "version": __version__, "commit": _git_commit()},
+                "versions": {"modelopt": modelopt.__version__, "torch": torch.__version__,
+                             "diffusers": diffusers.__version__, "python": platform.python_version()},
+                "device": f"cpu ({platform.machine()})",
+                "seeds": {"noise_seed": request.release.policy.noise_seed},
+                "policy": request.release.policy.model_dump(),
+                "calibration": {"observations": len(calibration), "calls": len(calls), "sha256": data_hash,
+                                "labs": sorted({o.lab for o in calibration})},
+                "quantized_linears": n_quantized,
+                "config_sha256": build.digest(),
+                "date": _build_date(),
+            })
+        console.print(f"  {n_quantized} FP8 Linears, provenance written")
+        written.append(final)
+    return written

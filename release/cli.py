@@ -1,0 +1,118 @@
+"""The ``release`` command line: each command validates its options and calls one stage function."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from release import ReleaseError, __version__
+
+DEBUG_ENV = "RELEASE_DEBUG"
+
+
+class _Group(click.Group):
+    """Turns every error into one line on stderr; tracebacks only with ``RELEASE_DEBUG=1``."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ReleaseError as exc:
+            if os.environ.get(DEBUG_ENV) == "1":
+                raise
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted; outputs were left untouched, rerun to resume", err=True)
+            sys.exit(130)
+        except Exception as exc:  # a bug, not bad input: say so, keep the traceback for RELEASE_DEBUG=1
+            if os.environ.get(DEBUG_ENV) == "1":
+                raise
+            click.echo(f"internal error: {type(exc).__name__}: {exc} (rerun with {DEBUG_ENV}=1 for a traceback)",
+                       err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group)
+@click.version_option(__version__, prog_name="release")
+def main() -> None:
+    """Build, verify, document and publish FP8 builds of Cosmos3-Nano-Policy-DROID."""
+    _quiet_libraries()
+
+
+def _quiet_libraries() -> None:
+    import logging
+    import warnings
+
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    for name in ("diffusers", "transformers", "modelopt", "accelerate", "huggingface_hub"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@main.group()
+def fixture() -> None:
+    """Write embedded stand-ins for the real model and data."""
+
+
+@fixture.command("tiny")
+@click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Folder to create.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and observations.")
+@click.option("--observations", "n_obs", type=click.IntRange(1, 10_000), default=32, show_default=True,
+              help="Observations from the calibration labs.")
+@click.option("--heldout", type=click.IntRange(0, 10_000), default=16, show_default=True,
+              help="Observations from the held-out labs.")
+def fixture_tiny(out: Path, seed: int, n_obs: int, heldout: int) -> None:
+    """A tiny Cosmos3OmniTransformer checkpoint (real architecture) and synthetic DROID observations."""
+    from release.fixture import write_tiny
+
+    paths = write_tiny(out, seed=seed, n_obs=n_obs, heldout=heldout)
+    click.echo(f"source:       {paths['source']} (revision {paths['revision'][:12]})")
+    click.echo(f"observations: {paths['observations']}")
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--all", "all_builds", is_flag=True, help="Build every YAML file in builds/.")
+@click.option("--source", type=click.Path(path_type=Path), default=None,
+              help="BF16 checkpoint folder (default: $RELEASE_SOURCE, then the Hugging Face cache).")
+@click.option("--observations", type=click.Path(path_type=Path), default=None,
+              help="Observation set (default: $RELEASE_OBSERVATIONS, then 'observations' beside the source).")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+def build(names: tuple[str, ...], all_builds: bool, source: Path | None, observations: Path | None,
+          out: Path) -> None:
+    """Quantize, export and record provenance for the named builds."""
+    from release.build import BuildRequest, run_builds
+
+    run_builds(BuildRequest.create(names, all_builds, source, observations, out))
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@click.option("--lang", default="en", show_default=True, help="Comma-separated languages.")
+def card(names: tuple[str, ...], dist: Path, lang: str) -> None:
+    """Render the model card of each built repo into its folder."""
+    from release.card import CardRequest, render_cards
+
+    for path in render_cards(CardRequest.create(names, dist, lang)):
+        click.echo(f"card: {path}")
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--org", default=None, help="Hub organisation (default: builds/release.yaml).")
+@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@click.option("--dry-run", is_flag=True, help="Print what would be uploaded; change nothing.")
+def push(names: tuple[str, ...], org: str | None, dist: Path, dry_run: bool) -> None:
+    """Publish the built repos (this version: --dry-run only)."""
+    from release.push import PushRequest, plan_release
+
+    request = PushRequest.create(names, org, dist, dry_run)
+    click.echo(plan_release(request))

@@ -1,0 +1,193 @@
+"""ModelOpt FP8 quantization of the transformer and its export in NVIDIA's Cosmos3-Nano@fp8 layout.
+
+What diffusers loads (domain notes §3, §9): per quantized Linear an F8_E4M3 ``weight`` with the ModelOpt buffers
+``weight_quantizer._amax``, ``weight_quantizer._scale`` and ``input_quantizer._amax``, plus the F32 ``weight_scale``
+and ``input_scale`` that vLLM and TensorRT-LLM read; a ``quantization_config`` in ``transformer/config.json``
+(``quant_method: modelopt`` with a ``modelopt_config``, and NVIDIA's fields); the root ``hf_quant_config.json``; and
+``modelopt_state.pth`` of the *compressed* model, which ``mto.enable_huggingface_checkpointing()`` restores before
+the weights are loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import shutil
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from release import ReleaseError
+from release.config import BuildConfig
+from release.io import write_json
+
+FP8_E4M3 = {"num_bits": (4, 3), "axis": None}  # FP8_DEFAULT_CFG's per-tensor weight and input quantizers
+FP8_MAX = 448.0
+TRANSFORMER_INDEX = "diffusion_pytorch_model.safetensors.index.json"
+# Tensors only vLLM / TensorRT-LLM read; diffusers would warn that they are unused.
+SERVING_ONLY = [r"\.weight_scale$", r"\.input_scale$"]
+
+
+def quant_config(build: BuildConfig) -> dict[str, Any]:
+    """ModelOpt 0.47 list-form config: every quantizer off, then the build's Linears on (W8A8 per-tensor static)."""
+    entries: list[dict[str, Any]] = [{"quantizer_name": "*", "enable": False}]
+    for pattern in build.quantized:
+        for quantizer in ("weight_quantizer", "input_quantizer"):
+            entries.append({"quantizer_name": f"*{pattern}.{quantizer}", "cfg": dict(FP8_E4M3)})
+    return {"quant_cfg": entries, "algorithm": build.calibrator}
+
+
+def quantized_linears(model: torch.nn.Module) -> list[str]:
+    return [name for name, module in model.named_modules()
+            if getattr(getattr(module, "weight_quantizer", None), "is_enabled", False)]
+
+
+def quantize(source: Path, build: BuildConfig, calls: list[dict[str, Any]]) -> torch.nn.Module:
+    """The source transformer, fake-quantized by ModelOpt and calibrated by replaying ``calls``."""
+    import modelopt.torch.quantization as mtq
+    from diffusers import Cosmos3OmniTransformer
+
+    model = Cosmos3OmniTransformer.from_pretrained(str(source / "transformer"), dtype=torch.bfloat16).eval()
+
+    @torch.no_grad()
+    def forward_loop(m: torch.nn.Module) -> None:
+        for call in calls:
+            m(**call)
+
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints its progress
+        warnings.simplefilter("ignore")
+        mtq.quantize(model, quant_config(build), forward_loop=forward_loop)
+    names = quantized_linears(model)
+    if not names:
+        raise ReleaseError(f"builds/{build.name}.yaml: field 'quantized': no Linear matches the patterns")
+    return model
+
+
+def _shard_size(source_transformer: Path) -> int:
+    """Largest source shard: the export is sharded like its source (5 GB on Nano, a few hundred KB on the tiny)."""
+    return max(p.stat().st_size for p in source_transformer.glob("*.safetensors"))
+
+
+def nvidia_quantization_config(model: torch.nn.Module, build: BuildConfig) -> dict[str, Any]:
+    import modelopt
+    from diffusers.pipelines.cosmos.mixed_precision import FIRST_LAST_N_FP8_POLICY
+
+    quantized = set(quantized_linears(model))
+    ignore = []
+    for name, module in model.named_modules():
+        if name and name not in quantized and isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+            top = name.split(".")[0] if name.startswith("action_proj_") else name
+            if top not in ignore:
+                ignore.append(top)
+    return {
+        # read by diffusers' NVIDIAModelOptConfig (it fails without modelopt_config)
+        "quant_method": "modelopt",
+        "quant_type": "FP8_FP8",
+        "modelopt_config": json.loads(json.dumps(quant_config(build))),
+        # NVIDIA's fields, as ModelOpt's convert_hf_quant_config_format writes them for FP8
+        "quant_algo": "FP8",
+        "config_groups": {"group_0": {
+            "input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
+            "weights": {"dynamic": False, "num_bits": 8, "type": "float"},
+            "targets": ["Linear"],
+        }},
+        "ignore": ignore,
+        "producer": {"name": "modelopt", "version": modelopt.__version__},
+        "runtime": {"diffusion_step_policy": copy.deepcopy(FIRST_LAST_N_FP8_POLICY)},
+    }
+
+
+def export_build(model: torch.nn.Module, build: BuildConfig, source: Path, out: Path) -> int:
+    """Write the build folder ``out``: the quantized transformer in NVIDIA's layout and the source's other parts.
+
+    ``model`` is compressed in place (its weights become FP8 codes). Returns the number of quantized Linears.
+    """
+    import modelopt.torch.opt as mto
+    import modelopt.torch.quantization as mtq
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+
+    qconfig = nvidia_quantization_config(model, build)
+    names = quantized_linears(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mtq.compress(model)  # FP8 codes = (w / (amax / 448)) with the quotient in bf16, as ModelOpt's GEMM expects
+    state = {k: v.detach().as_subclass(torch.Tensor).contiguous() for k, v in model.state_dict().items()}
+    for name in names:
+        module = model.get_submodule(name)
+        if state[f"{name}.weight"].dtype != torch.float8_e4m3fn:
+            raise ReleaseError(f"tensor {name}.weight was not compressed to FP8 by ModelOpt")
+        state[f"{name}.weight_scale"] = (module.weight_quantizer._amax.float() / FP8_MAX).reshape(())
+        state[f"{name}.input_scale"] = (module.input_quantizer._amax.float() / FP8_MAX).reshape(())
+        for key in (f"{name}.weight_scale", f"{name}.input_scale"):
+            if not (torch.isfinite(state[key]) and state[key] > 0):
+                raise ReleaseError(f"tensor {key} is {state[key].item()}; calibration saw no finite, non-zero data")
+
+    tdir = out / "transformer"
+    tdir.mkdir(parents=True)
+    split = split_torch_state_dict_into_shards(
+        state, filename_pattern="diffusion_pytorch_model{suffix}.safetensors",
+        max_shard_size=_shard_size(source / "transformer"),
+    )
+    for filename, keys in split.filename_to_tensors.items():
+        save_file({k: state[k] for k in sorted(keys)}, str(tdir / filename), metadata={"format": "pt"})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    write_json(tdir / TRANSFORMER_INDEX,
+               {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))})
+    config = json.loads((source / "transformer" / "config.json").read_text())
+    write_json(tdir / "config.json", {**config, "quantization_config": qconfig})
+    write_json(out / "hf_quant_config.json", {k: v for k, v in qconfig.items() if k != "runtime"})
+    modelopt_state = mto.modelopt_state(model)
+    torch.save(modelopt_state, tdir / "modelopt_state.pth")
+    torch.save(modelopt_state, out / "modelopt_state.pth")
+
+    _copy_components(source, out)
+    write_json(out / "model.safetensors.index.json", {
+        "metadata": {"total_size": total},
+        "weight_map": {k: f"transformer/{v}" for k, v in sorted(split.tensor_to_filename.items())},
+    })
+    return len(names)
+
+
+def _copy_components(source: Path, out: Path) -> None:
+    """Everything of the source pipeline but the transformer and files this tool rewrites."""
+    rewritten = {"transformer", "model.safetensors.index.json", "fixture.json", "README.md", ".cache"}
+    for item in sorted(source.iterdir()):
+        if item.name in rewritten:
+            continue
+        if item.is_dir():
+            shutil.copytree(item, out / item.name)
+        else:
+            shutil.copy2(item, out / item.name)
+
+
+@contextmanager
+def _serving_keys_ignored() -> Iterator[None]:
+    from diffusers import Cosmos3OmniTransformer
+
+    before = Cosmos3OmniTransformer._keys_to_ignore_on_load_unexpected
+    Cosmos3OmniTransformer._keys_to_ignore_on_load_unexpected = SERVING_ONLY
+    try:
+        yield
+    finally:
+        Cosmos3OmniTransformer._keys_to_ignore_on_load_unexpected = before
+
+
+def load_build_transformer(build_dir: Path) -> torch.nn.Module:
+    """A build's transformer through diffusers, with ModelOpt's restore enabled (real FP8 weights)."""
+    import modelopt.torch.opt as mto
+    from diffusers import Cosmos3OmniTransformer
+
+    if not (build_dir / "transformer" / "modelopt_state.pth").is_file():
+        raise ReleaseError(f"{build_dir}/transformer/modelopt_state.pth: missing; rebuild with 'release build'")
+    mto.enable_huggingface_checkpointing()
+    with _serving_keys_ignored(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = Cosmos3OmniTransformer.from_pretrained(str(build_dir / "transformer"), dtype=torch.bfloat16)
+    return model.eval()
