@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+import release.policy  # noqa: F401  (sets diffusers up without progress bars)
 from release import ReleaseError
 from release.config import BuildConfig
 from release.io import write_json
@@ -120,7 +121,7 @@ def export_build(model: torch.nn.Module, build: BuildConfig, source: Path, out: 
         mtq.compress(model)  # FP8 codes = (w / (amax / 448)) with the quotient in bf16, as ModelOpt's GEMM expects
     state = {k: v.detach().as_subclass(torch.Tensor).contiguous() for k, v in model.state_dict().items()}
     for name in names:
-        module = model.get_submodule(name)
+        module: Any = model.get_submodule(name)  # a ModelOpt QuantLinear
         if state[f"{name}.weight"].dtype != torch.float8_e4m3fn:
             raise ReleaseError(f"tensor {name}.weight was not compressed to FP8 by ModelOpt")
         state[f"{name}.weight_scale"] = (module.weight_quantizer._amax.float() / FP8_MAX).reshape(())

@@ -78,7 +78,7 @@ def write_observations(out: Path, n: int, seed: int, labs: list[str], heldout: i
     held = [lab for lab in labs if lab in HELDOUT_LABS]
     lab_of = [cal[i % len(cal)] for i in range(n)] + [held[i % len(held)] for i in range(heldout)]
     lines = []
-    for i, (lab, text) in enumerate(zip(lab_of, instructions(rng, len(lab_of)))):
+    for i, (lab, text) in enumerate(zip(lab_of, instructions(rng, len(lab_of)), strict=True)):
         q = rng.uniform(_Q_LOW, _Q_HIGH)
         state = [round(float(v), 6) for v in q] + [float(rng.integers(0, 2))]
         images = {}

@@ -93,7 +93,9 @@ def check_architecture(source: Path) -> dict[str, object]:
     found = read_headers(source / "transformer", "diffusion_pytorch_model.safetensors.index.json")
     for key in sorted(expected):
         if key not in found:
-            raise ReleaseError(f"{source}/transformer: tensor {key} is missing; the checkpoint does not match {cfg_path}")
+            raise ReleaseError(
+                f"{source}/transformer: tensor {key} is missing; the checkpoint does not match {cfg_path}"
+            )
         if found[key][1] != expected[key]:
             raise ReleaseError(
                 f"{source}/transformer/{found[key][2]}: tensor {key} has shape {list(found[key][1])}, the "

@@ -1,0 +1,58 @@
+"""Shared fixtures: one tiny checkpoint and one RTN build per test session (the network stays blocked)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--update-golden", action="store_true", help="rewrite golden files instead of comparing")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Run from the repo root with the Hub offline and a private HF cache."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
+    monkeypatch.setenv("RELEASE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    for var in ("RELEASE_SOURCE", "RELEASE_OBSERVATIONS", "RELEASE_BUILDS", "RELEASE_DEBUG"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def invoke(*args: str | os.PathLike[str]) -> Result:
+    from release.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``release fixture tiny`` output: ``source/`` and ``observations/``."""
+    from release.fixture import write_tiny
+
+    out = tmp_path_factory.mktemp("tiny") / "fixture"
+    write_tiny(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def rtn_build(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The RTN build of the tiny checkpoint, made through the CLI."""
+    dist = tmp_path_factory.mktemp("dist")
+    mp = pytest.MonkeyPatch()
+    mp.chdir(ROOT)
+    mp.setenv("RELEASE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    try:
+        result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                        "--out", dist)
+    finally:
+        mp.undo()
+    assert result.exit_code == 0, result.output
+    return dist / "Cosmos3-Nano-Policy-DROID-FP8"

@@ -1,0 +1,163 @@
+"""`release build rtn`: NVIDIA's FP8 layout, values that ModelOpt's arithmetic reproduces, loadable in diffusers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from release.config import NANO_QUANTIZED, PolicySettings
+from release.export import load_build_transformer
+from release.observations import load_observations
+from release.policy import load_pipeline, rollout
+from release.source import read_headers
+from tests.conftest import invoke
+
+INDEX = "diffusion_pytorch_model.safetensors.index.json"
+
+
+def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(shard))
+    return out
+
+
+def test_layout(rtn_build: Path) -> None:
+    layers = json.loads((rtn_build / "transformer/config.json").read_text())["num_hidden_layers"]
+    headers = read_headers(rtn_build / "transformer", INDEX)
+    fp8 = sorted(k for k, v in headers.items() if v[0] == "F8_E4M3")
+    assert len(fp8) == 14 * layers
+    expected = sorted(f"{p.replace('*', str(i))}.weight" for p in NANO_QUANTIZED for i in range(layers))
+    assert fp8 == expected
+    for weight in fp8:
+        linear = weight.removesuffix(".weight")
+        for suffix, dtype in [("weight_scale", "F32"), ("input_scale", "F32"), ("weight_quantizer._amax", "BF16"),
+                              ("weight_quantizer._scale", "BF16"), ("input_quantizer._amax", "BF16")]:
+            assert headers[f"{linear}.{suffix}"][:2] == (dtype, ()), f"{linear}.{suffix}"
+    shards = {v[2] for v in headers.values()}
+    assert len(shards) >= 2
+    assert set(json.loads((rtn_build / "transformer" / INDEX).read_text())["weight_map"].values()) == shards
+    for part in ("model_index.json", "config.json", "vae/config.json", "scheduler/scheduler_config.json",
+                 "text_tokenizer/tokenizer.json", "modelopt_state.pth", "transformer/modelopt_state.pth",
+                 "model.safetensors.index.json", "provenance.json"):
+        assert (rtn_build / part).is_file(), part
+    assert not (rtn_build / "fixture.json").exists()
+
+
+def test_quantization_configs(rtn_build: Path) -> None:
+    qc = json.loads((rtn_build / "transformer/config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "modelopt" and qc["quant_algo"] == "FP8" and qc["quant_type"] == "FP8_FP8"
+    group = qc["config_groups"]["group_0"]
+    assert group["weights"] == group["input_activations"] == {"dynamic": False, "num_bits": 8, "type": "float"}
+    assert group["targets"] == ["Linear"]
+    assert {"lm_head", "proj_in", "proj_out", "action_proj_in", "action_proj_out"} <= set(qc["ignore"])
+    assert qc["producer"]["name"] == "modelopt"
+    assert qc["runtime"]["diffusion_step_policy"]["type"] == "first_last_n"
+    root = json.loads((rtn_build / "hf_quant_config.json").read_text())
+    assert root == {k: v for k, v in qc.items() if k != "runtime"}
+
+
+def test_modelopt_states_load_weights_only(rtn_build: Path) -> None:
+    import modelopt.torch.quantization  # noqa: F401  (registers ModelOpt's safe globals)
+
+    for path in (rtn_build / "modelopt_state.pth", rtn_build / "transformer/modelopt_state.pth"):
+        state = torch.load(path, weights_only=True)
+        modes = [m[0] for m in state["modelopt_state_dict"]]
+        assert modes == ["quantize", "max_calibrate", "real_quantize"]
+
+
+def test_values_follow_modelopt_arithmetic(rtn_build: Path, tiny: Path) -> None:
+    """FP8 codes are ModelOpt's compress of the source weight; everything not quantized is the source, bit for bit."""
+    source = _tensors(tiny / "source/transformer")
+    built = _tensors(rtn_build / "transformer")
+    fp8 = [k for k, v in built.items() if v.dtype == torch.float8_e4m3fn]
+    for key in fp8:
+        linear = key.removesuffix(".weight")
+        amax = built[f"{linear}.weight_quantizer._amax"]
+        assert amax == source[key].abs().max(), key
+        codes = (source[key] / (amax / 448.0)).to(torch.float8_e4m3fn)
+        assert torch.equal(codes.view(torch.uint8), built[key].view(torch.uint8)), key
+        assert built[f"{linear}.weight_scale"] == amax.float() / 448.0
+        assert built[f"{linear}.input_scale"] > 0
+        rel = (built[key].float() * built[f"{linear}.weight_quantizer._scale"].float() - source[key].float()).abs()
+        assert float((rel / source[key].float().abs().clamp_min(1e-3)).max()) < 0.07  # FP8 E4M3: 3 mantissa bits
+    for key, value in source.items():
+        if key not in fp8:
+            assert torch.equal(value, built[key]), key
+
+
+def test_provenance(rtn_build: Path, tiny: Path) -> None:
+    prov = json.loads((rtn_build / "provenance.json").read_text())
+    assert prov["source"]["repo"] == "nvidia/Cosmos3-Nano-Policy-DROID"
+    assert prov["source"]["revision"] == json.loads((tiny / "source/fixture.json").read_text())["revision"]
+    assert prov["calibration"]["calls"] == 256 and prov["calibration"]["observations"] == 32
+    assert len(prov["calibration"]["sha256"]) == 64 and len(prov["config_sha256"]) == 64
+    assert set(prov["versions"]) >= {"modelopt", "torch", "diffusers"}
+    assert prov["tool"]["commit"] and prov["date"] and prov["quantized_linears"] == 28
+
+
+def test_loads_in_diffusers_and_rolls_out(rtn_build: Path, tiny: Path) -> None:
+    transformer = load_build_transformer(rtn_build)
+    layer = transformer.get_submodule("layers.0.self_attn.to_q")
+    assert type(layer).__name__ == "RealQuantQuantLinear" and layer.weight.dtype == torch.float8_e4m3fn
+    settings = PolicySettings()
+    pipe = load_pipeline(rtn_build, settings, transformer=transformer)
+    obs = load_observations(tiny / "observations")[0]
+    actions = rollout(pipe, obs, settings)
+    assert actions.shape == (32, 8) and np.isfinite(actions).all()
+    reference = rollout(load_pipeline(tiny / "source", settings), obs, settings)
+    assert 0 < np.abs(actions - reference).max() < 0.5  # FP8, yet close to the BF16 policy
+
+
+def test_second_build_reuses_calibration_and_is_identical(rtn_build: Path, tiny: Path, tmp_path: Path) -> None:
+    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "capturing" not in result.output
+    again = tmp_path / rtn_build.name
+    for shard in sorted((rtn_build / "transformer").glob("*.safetensors")):
+        assert shard.read_bytes() == (again / "transformer" / shard.name).read_bytes()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["rtn", "--source", "/nonexistent/src"], "source directory /nonexistent/src does not exist"),
+    (["nope"], "unknown build 'nope'"),
+    (["sq_auto"], "recipe 'smoothquant' is not implemented yet"),
+    ([], "name at least one build"),
+])
+def test_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    result = invoke("build", *args, "--out", tmp_path / "dist")
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and message in result.output and result.output.count("\n") == 1
+    assert not (tmp_path / "dist").exists()
+
+
+def test_source_without_cache_entry_says_how_to_fix(tmp_path: Path) -> None:
+    result = invoke("build", "rtn", "--out", tmp_path / "dist")
+    assert result.exit_code == 2
+    assert "not in the local Hugging Face cache; pass --source DIR" in result.output
+
+
+def test_mismatched_source_names_first_tensor(tiny: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "source"
+    shutil.copytree(tiny / "source", bad)
+    index = json.loads((bad / "transformer" / INDEX).read_text())["weight_map"]
+    shard = bad / "transformer" / index["layers.1.mlp.up_proj.weight"]
+    tensors = load_file(shard)
+    tensors["layers.1.mlp.up_proj.weight"] = tensors["layers.1.mlp.up_proj.weight"][:, :32].contiguous()
+    with safe_open(str(shard), "pt") as f:
+        metadata = f.metadata()
+    save_file(tensors, str(shard), metadata=metadata)
+    result = invoke("build", "rtn", "--source", bad, "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 2
+    assert "tensor layers.1.mlp.up_proj.weight has shape [128, 32]" in result.output
+    assert "expects [128, 64]" in result.output
+    assert not (tmp_path / "dist").exists()

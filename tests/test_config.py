@@ -1,0 +1,84 @@
+"""Build files: validation, and the one-line errors that name file, line and field."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from release import ReleaseError
+from release.config import NANO_QUANTIZED, available_builds, load_build, load_release
+from tests.conftest import ROOT, invoke
+
+
+def test_delivered_builds_validate() -> None:
+    release = load_release(ROOT / "builds")
+    assert release.license.name == "OpenMDW-1.1"
+    assert {s.build for s in release.siblings} == {"rtn", "sq_auto", "rtn_mavg"}
+    assert set(available_builds(ROOT / "builds")) >= {"rtn", "sq_auto", "rtn_mavg"}
+    for name in ("rtn", "sq_auto", "rtn_mavg"):
+        build = load_build(name, ROOT / "builds")
+        assert build.quantized == NANO_QUANTIZED and len(build.quantized) == 14
+        assert build.calibration_calls == 256 and build.algorithm_calls == 32
+
+
+@pytest.fixture
+def builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "builds"
+    shutil.copytree(ROOT / "builds", d)
+    monkeypatch.setenv("RELEASE_BUILDS", str(d))
+    return d
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_unknown_field_names_file_line_and_field(builds: Path) -> None:
+    _replace(builds / "rtn.yaml", "calibrator: max\n", "calibrator: max\ncalibrater: max\n")
+    with pytest.raises(ReleaseError) as err:
+        load_build("rtn")
+    msg = str(err.value)
+    assert f"{builds / 'rtn.yaml'}:8:" in msg and "'calibrater'" in msg and "valid fields" in msg
+
+
+def test_nested_type_error_points_at_the_line(builds: Path) -> None:
+    _replace(builds / "rtn.yaml", "  overall_sigma: 0.13", "  overall_sigma: lots")
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml:28: field 'gate\.overall_sigma'"):
+        load_build("rtn")
+
+
+def test_yaml_syntax_error_names_line(builds: Path) -> None:
+    _replace(builds / "release.yaml", "org: np-cr", "org: [np-cr")
+    with pytest.raises(ReleaseError, match=r"release\.yaml:\d+: YAML syntax error"):
+        load_release()
+
+
+def test_missing_field(builds: Path) -> None:
+    _replace(builds / "sq_auto.yaml", "repo: Cosmos3-Nano-Policy-DROID-FP8-SmoothQuant\n", "")
+    with pytest.raises(ReleaseError, match=r"sq_auto\.yaml:1: field 'repo': required field is missing"):
+        load_build("sq_auto")
+
+
+def test_unknown_recipe_lists_valid_ones(builds: Path) -> None:
+    _replace(builds / "rtn.yaml", "recipe: rtn", "recipe: gptq")
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml:4: field 'recipe': Input should be 'rtn', 'smoothquant'"):
+        load_build("rtn")
+
+
+def test_unknown_build_lists_available() -> None:
+    with pytest.raises(ReleaseError, match=r"unknown build 'nope'.*available builds: rtn, rtn_mavg, sq_auto"):
+        load_build("nope", ROOT / "builds")
+
+
+def test_cli_config_error_is_one_line_exit_2_and_writes_nothing(builds: Path, tiny: Path, tmp_path: Path) -> None:
+    _replace(builds / "rtn.yaml", "scheme:", "scheme: [")
+    out = tmp_path / "dist"
+    result = invoke("build", "rtn", "--source", tiny / "source", "--out", out)
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and result.output.startswith("error: ")
+    assert "Traceback" not in result.output
+    assert not out.exists()

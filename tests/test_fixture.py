@@ -1,0 +1,61 @@
+"""The embedded tiny checkpoint: NVIDIA's folder layout, the real architecture, deterministic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from PIL import Image
+
+from release.fixture import content_revision, write_tiny
+from release.observations import CALIBRATION_LABS, CAMERAS, HELDOUT_LABS, load_observations
+from release.source import check_architecture, read_headers
+
+
+def test_layout(tiny: Path) -> None:
+    src = tiny / "source"
+    index = json.loads((src / "model_index.json").read_text())
+    assert index["_class_name"] == "Cosmos3OmniPipeline"
+    assert index["transformer"] == ["diffusers", "Cosmos3OmniTransformer"]
+    assert json.loads((src / "config.json").read_text())["model_type"] == "cosmos3_omni"
+    shards = sorted((src / "transformer").glob("diffusion_pytorch_model-*.safetensors"))
+    assert len(shards) >= 2
+    tindex = json.loads((src / "transformer" / "diffusion_pytorch_model.safetensors.index.json").read_text())
+    assert sorted(set(tindex["weight_map"].values())) == [p.name for p in shards]
+    root_index = json.loads((src / "model.safetensors.index.json").read_text())
+    assert all(v.startswith("transformer/") for v in root_index["weight_map"].values())
+    for part in ("vae/config.json", "text_tokenizer/tokenizer.json", "scheduler/scheduler_config.json"):
+        assert (src / part).is_file(), part
+
+
+def test_real_architecture_names(tiny: Path) -> None:
+    config = check_architecture(tiny / "source")
+    headers = read_headers(tiny / "source" / "transformer", "diffusion_pytorch_model.safetensors.index.json")
+    layers = config["num_hidden_layers"]
+    assert isinstance(layers, int)
+    linears = [k for k in headers if ".self_attn." in k or ".mlp" in k]
+    assert len([k for k in linears if k.endswith("proj.weight") or k.endswith(("to_q.weight", "to_k.weight",
+               "to_v.weight", "to_out.weight", "to_add_out.weight"))]) == 14 * layers
+    assert headers["layers.0.mlp_moe_gen.down_proj.weight"][0] == "BF16"
+    assert headers["time_embedder.linear_1.weight"][0] == "F32"
+    assert "action_proj_in.fc.weight" in headers
+
+
+def test_deterministic_revision(tiny: Path, tmp_path: Path) -> None:
+    again = write_tiny(tmp_path / "again")
+    recorded = json.loads((tiny / "source" / "fixture.json").read_text())["revision"]
+    assert again["revision"] == recorded == content_revision(tiny / "source")
+    assert (tmp_path / "again/observations/observations.jsonl").read_bytes() == \
+        (tiny / "observations/observations.jsonl").read_bytes()
+
+
+def test_observations(tiny: Path) -> None:
+    obs = load_observations(tiny / "observations")
+    assert len([o for o in obs if o.lab in CALIBRATION_LABS]) == 32
+    assert {o.lab for o in obs if o.lab not in CALIBRATION_LABS} == set(HELDOUT_LABS)
+    assert len({o.obs_id for o in obs}) == len(obs)
+    first = obs[0]
+    assert len(first.state) == 8 and first.state[7] in (0.0, 1.0) and first.instruction
+    for cam in CAMERAS:
+        assert Image.open(first.images[cam]).size == (640, 360)
+    assert first.concat_view().shape == (360, 1920, 3)
