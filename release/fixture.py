@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -131,7 +132,11 @@ def write_tiny(out: Path, seed: int = 0, n_obs: int = 32, heldout: int = 16) -> 
     )
     with atomic_dir(out) as tmp:
         src = tmp / "source"
-        pipe.save_pretrained(src, max_shard_size=SHARD_SIZE)
+        pipe.save_pretrained(src)
+        # Sharded explicitly: once ModelOpt has patched ModelMixin.save_pretrained (enable_huggingface_checkpointing),
+        # the pipeline no longer forwards max_shard_size to its components.
+        shutil.rmtree(src / "transformer")
+        pipe.transformer.save_pretrained(src / "transformer", max_shard_size=SHARD_SIZE)
         index = json.loads((src / "model_index.json").read_text())
         write_json(src / "model_index.json", {**index, "_class_name": "Cosmos3OmniPipeline"})  # the base repo's class
         _write_root_files(src)
