@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
-BUILDS := rtn
+BUILDS := rtn sq_auto rtn_mavg
 
 .PHONY: demo test lint venv clean
 

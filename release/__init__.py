@@ -11,3 +11,9 @@ class ReleaseError(Exception):
     """
 
     exit_code = 2
+
+
+class GateError(ReleaseError):
+    """A build that failed verification or a gate: the input is valid, the result is not acceptable."""
+
+    exit_code = 1

@@ -23,7 +23,6 @@ from release.source import check_architecture, resolve_source, source_revision
 
 OBSERVATIONS_ENV = "RELEASE_OBSERVATIONS"
 CACHE_ENV = "RELEASE_CACHE"
-IMPLEMENTED_RECIPES = ("rtn",)
 console = Console(stderr=True)
 
 
@@ -45,12 +44,6 @@ class BuildRequest:
         if not names:
             raise ReleaseError(f"name at least one build ({', '.join(available_builds())}) or pass --all")
         builds = [load_build(n) for n in dict.fromkeys(names)]
-        for b in builds:
-            if b.recipe not in IMPLEMENTED_RECIPES:
-                raise ReleaseError(
-                    f"builds/{b.name}.yaml: recipe {b.recipe!r} is not implemented yet; implemented: "
-                    f"{', '.join(IMPLEMENTED_RECIPES)} (build {', '.join(IMPLEMENTED_RECIPES)} builds only for now)"
-                )
         src = resolve_source(release, source)
         if observations is None:
             observations = Path(os.environ[OBSERVATIONS_ENV]) if os.environ.get(OBSERVATIONS_ENV) else None
@@ -108,23 +101,54 @@ def capture_calibration(request: BuildRequest, observations: list[Observation], 
     return folder
 
 
-def load_calls(folder: Path, observations: list[Observation], limit: int) -> list[dict[str, Any]]:
-    calls: list[dict[str, Any]] = []
-    for obs in observations:
-        calls.extend(torch.load(folder / f"obs-{obs.obs_id:05d}.pt", weights_only=True))
-    if len(calls) < limit:
-        raise ReleaseError(
-            f"only {len(calls)} calibration calls from {len(observations)} observations, the build asks for "
-            f"{limit} (calibration_calls); add observations from the calibration labs or lower calibration_calls"
-        )
-    return calls[:limit]
+@dataclass(frozen=True)
+class CalibrationData:
+    """The captured transformer calls, per observation, and their hash."""
 
+    per_observation: list[list[dict[str, Any]]]
+    sha256: str
 
-def calls_digest(folder: Path, observations: list[Observation]) -> str:
-    h = hashlib.sha256()
-    for obs in observations:
-        h.update(sha256_file(folder / f"obs-{obs.obs_id:05d}.pt").encode())
-    return h.hexdigest()
+    @classmethod
+    def load(cls, folder: Path, observations: list[Observation]) -> CalibrationData:
+        paths = [folder / f"obs-{o.obs_id:05d}.pt" for o in observations]
+        h = hashlib.sha256()
+        for p in paths:
+            h.update(sha256_file(p).encode())
+        return cls([torch.load(p, weights_only=True) for p in paths], h.hexdigest())
+
+    def calibration_calls(self, build: BuildConfig) -> list[dict[str, Any]]:
+        calls = [c for per_obs in self.per_observation for c in per_obs]
+        if len(calls) < build.calibration_calls:
+            raise ReleaseError(
+                f"builds/{build.name}.yaml: field 'calibration_calls' asks for {build.calibration_calls} calls, the "
+                f"{len(self.per_observation)} calibration observations give {len(calls)}; add observations from the "
+                "calibration labs or lower calibration_calls"
+            )
+        return calls[: build.calibration_calls]
+
+    def algorithm_calls(self, build: BuildConfig) -> list[dict[str, Any]]:
+        """One call per observation, cycling through the rollout's steps and CFG passes (obs i -> call i mod 8)."""
+        calls = [per_obs[i % len(per_obs)] for i, per_obs in enumerate(self.per_observation) if per_obs]
+        if build.recipe != "rtn" and len(calls) < build.algorithm_calls:
+            raise ReleaseError(
+                f"builds/{build.name}.yaml: field 'algorithm_calls' asks for {build.algorithm_calls} calls (one per "
+                f"observation), only {len(calls)} calibration observations exist; add observations or lower it"
+            )
+        return calls[: build.algorithm_calls]
+
+    @staticmethod
+    def digest(calls: list[dict[str, Any]]) -> str:
+        h = hashlib.sha256()
+        for call in calls:
+            for key in sorted(call):
+                value = call[key]
+                tensors = value if isinstance(value, list) else [value]
+                for t in tensors:
+                    if isinstance(t, torch.Tensor):
+                        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+                    else:
+                        h.update(repr(t).encode())
+        return h.hexdigest()
 
 
 def _git_commit() -> str:
@@ -144,7 +168,8 @@ def _build_date() -> str:
     return when.replace(microsecond=0).isoformat()
 
 
-def run_builds(request: BuildRequest) -> list[Path]:
+def run_builds(request: BuildRequest) -> bool:
+    """Build every requested build, then verify each against the RTN build; True when all checks passed."""
     import diffusers
     import modelopt
 
@@ -157,20 +182,25 @@ def run_builds(request: BuildRequest) -> list[Path]:
     if not calibration:
         raise ReleaseError(f"{request.observations}: no observation from the calibration labs "
                            f"({', '.join(request.release.calibration_labs)})")
-    folder = capture_calibration(request, calibration, revision)
-    data_hash = calls_digest(folder, calibration)
-    written = []
+    data = CalibrationData.load(capture_calibration(request, calibration, revision), calibration)
+    written: list[BuildConfig] = []
     for build in request.builds:
-        calls = load_calls(folder, calibration, build.calibration_calls)
+        calls, algorithm = data.calibration_calls(build), data.algorithm_calls(build)
         final = request.out / build.repo
-        console.print(f"[bold]build {build.name}[/] -> {final}")
+        console.print(f"[bold]build {build.name}[/] ({build.recipe}, {build.calibrator.method}) -> {final}")
         with atomic_dir(final) as tmp:
-            model = quantize(request.source, build, calls)
-            n_quantized = export_build(model, build, request.source, tmp)
+            quantized = quantize(request.source, build, calls, algorithm)
+            n_quantized = export_build(quantized, build, request.source, tmp)
             write_json(tmp / "provenance.json", {
                 "build": build.name,
                 "repo": build.repo,
-                "recipe": build.recipe,
+                "recipe": {
+                    "name": build.recipe,
+                    "smoothquant": build.smoothquant.model_dump() if build.smoothquant else None,
+                    "alpha_table": quantized.alpha_table,
+                    "observer": build.calibrator.model_dump(),
+                    "arithmetic": build.arithmetic,
+                },
                 "source": {"repo": request.release.base_model, "revision": revision,
                            "architecture": {k: config[k] for k in ("hidden_size", "num_hidden_layers")}},
                 "tool": {"name": "release", "version": __version__, "commit": _git_commit()},
@@ -179,12 +209,18 @@ def run_builds(request: BuildRequest) -> list[Path]:
                 "device": f"cpu ({platform.machine()})",
                 "seeds": {"noise_seed": request.release.policy.noise_seed},
                 "policy": request.release.policy.model_dump(),
-                "calibration": {"observations": len(calibration), "calls": len(calls), "sha256": data_hash,
+                "calibration": {"observations": len(calibration), "calls": len(calls),
+                                "sha256": CalibrationData.digest(calls), "capture_sha256": data.sha256,
                                 "labs": sorted({o.lab for o in calibration})},
+                "algorithm_data": {"calls": len(algorithm) if build.recipe != "rtn" else 0,
+                                   "sha256": CalibrationData.digest(algorithm) if build.recipe != "rtn" else None},
                 "quantized_linears": n_quantized,
                 "config_sha256": build.digest(),
                 "date": _build_date(),
             })
-        console.print(f"  {n_quantized} FP8 Linears, provenance written")
-        written.append(final)
-    return written
+        console.print(f"  {n_quantized} FP8 Linears written")
+        written.append(build)
+    from release.verify import VerifyRequest, verify_builds
+
+    return verify_builds([VerifyRequest.create(b.name, request.out, None, request.source, request.observations,
+                                               require_reference=False) for b in written])

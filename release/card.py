@@ -16,11 +16,25 @@ from release.io import atomic_write
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 SUPPORTED_LANGS = ("en",)
-RECIPE_LABELS = {
-    "rtn": "Round-to-nearest (ModelOpt max calibration), the recipe of `nvidia/Cosmos3-Nano@fp8`",
-    "smoothquant": "SmoothQuant with per-layer alpha search, folded into the preceding norms",
-    "rtn_mavg": "Round-to-nearest weights, moving-average observer for the input scales",
-}
+
+
+def recipe_label(build: BuildConfig) -> str:
+    """One line describing the build's recipe and observer, from its YAML."""
+    if build.recipe == "smoothquant" and build.smoothquant is not None:
+        sq = build.smoothquant
+        alpha = f"alpha searched per layer over 0.0-1.0 in steps of {sq.alpha_step}" if sq.alpha == "auto" \
+            else f"alpha = {sq.alpha}"
+        fold = "into the preceding norms and into `up_proj` for `down_proj`" if sq.fold_up_down \
+            else "into the preceding norms (norm-FC pairs only)"
+        text = f"SmoothQuant ({alpha}), smoothing folded {fold}; data: {build.algorithm_calls} transformer calls"
+    else:
+        text = "Round-to-nearest (the recipe of `nvidia/Cosmos3-Nano@fp8`)"
+    observer = {
+        "max": "ModelOpt max calibration",
+        "moving_average": f"moving-average observer of each call's maximum (momentum {build.calibrator.momentum})",
+        "histogram": f"ModelOpt histogram calibrator ({build.calibrator.percentile} percentile)",
+    }[build.calibrator.method]
+    return f"{text}; input scales: {observer}"
 
 
 @dataclass(frozen=True)
@@ -73,7 +87,7 @@ def render_card(release: ReleaseConfig, build: BuildConfig, provenance: dict[str
             siblings.append({"repo_id": f"{release.org}/{s.repo}", "title": load_build(s.build).title})
     context = {
         "release": release,
-        "build": {**build.model_dump(), "recipe_label": RECIPE_LABELS[build.recipe],
+        "build": {**build.model_dump(), "recipe_label": recipe_label(build),
                   "title_full": f"Cosmos3-Nano-Policy-DROID, {build.title}"},
         "repo_id": f"{release.org}/{build.repo}",
         "prov": provenance,

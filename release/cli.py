@@ -90,7 +90,27 @@ def build(names: tuple[str, ...], all_builds: bool, source: Path | None, observa
     """Quantize, export and record provenance for the named builds."""
     from release.build import BuildRequest, run_builds
 
-    run_builds(BuildRequest.create(names, all_builds, source, observations, out))
+    if not run_builds(BuildRequest.create(names, all_builds, source, observations, out)):
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("names", nargs=-1, required=True)
+@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@click.option("--reference", type=click.Path(path_type=Path), default=None,
+              help="Reference checkpoint (NVIDIA's Cosmos3-Nano@fp8); default: the RTN build in --dist.")
+@click.option("--source", type=click.Path(path_type=Path), default=None,
+              help="BF16 source the values are recomputed from (default: as for build).")
+@click.option("--observations", type=click.Path(path_type=Path), default=None,
+              help="Observations for the loadability rollout (default: beside the source).")
+def verify(names: tuple[str, ...], dist: Path, reference: Path | None, source: Path | None,
+           observations: Path | None) -> None:
+    """Check built repos against a reference and their source; exit 1 if any check fails."""
+    from release.verify import VerifyRequest, verify_builds
+
+    requests = [VerifyRequest.create(n, dist, reference, source, observations) for n in names]
+    if not verify_builds(requests):
+        sys.exit(1)
 
 
 @main.command()

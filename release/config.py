@@ -10,10 +10,10 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from release import ReleaseError
 
@@ -86,19 +86,40 @@ class Gate(_Strict):
     gripper_change_rate: float = Field(0.005, ge=0, le=1)
 
 
+class SmoothQuant(_Strict):
+    """SmoothQuant folded into the preceding norms (and into ``up_proj`` for ``down_proj``)."""
+
+    alpha: Literal["auto"] | Annotated[float, Field(ge=0.0, le=1.0)] = "auto"
+    alpha_step: float = Field(0.1, gt=0, le=1, description="grid step of the per-layer alpha search")
+    fold_up_down: bool = True
+
+
+class Calibrator(_Strict):
+    """How the static input scales are calibrated from the calibration calls."""
+
+    method: Literal["max", "moving_average", "histogram"] = "max"
+    momentum: float = Field(0.01, gt=0, le=1, description="moving_average: weight of each new call's max")
+    percentile: float = Field(99.99, gt=0, le=100, description="histogram: percentile of |x| (ModelOpt)")
+
+
 class BuildConfig(_Strict):
     name: str
     title: str
     repo: str
-    recipe: Literal["rtn", "smoothquant", "rtn_mavg"]
-    scheme: str = "fp8_w8a8_per_tensor_static"
-    calibrator: Literal["max"] = "max"
+    recipe: Literal["rtn", "smoothquant"]
+    scheme: Literal["fp8_w8a8_per_tensor_static"] = "fp8_w8a8_per_tensor_static"
+    smoothquant: SmoothQuant | None = None
+    calibrator: Calibrator = Calibrator()
+    arithmetic: Literal["native", "cpu", "cuda"] = Field(
+        "native", description="FP8 rounding of the export: the building device's, or CPU's / CUDA's emulated"
+    )
     quantized: list[str] = Field(default_factory=lambda: list(NANO_QUANTIZED), min_length=1)
     kept_bf16: list[str] = Field(min_length=1)
     calibration_calls: int = Field(256, ge=1)
     algorithm_calls: int = Field(32, ge=0)
     gate: Gate = Gate()
     description: str = ""
+    delivered: bool = False
 
     @field_validator("quantized")
     @classmethod
@@ -107,6 +128,17 @@ class BuildConfig(_Strict):
             if not p.startswith("layers."):
                 raise ValueError(f"{p!r} is not a decoder-layer Linear pattern (expected 'layers.*.<module>')")
         return v
+
+    @model_validator(mode="after")
+    def _recipe_parameters(self) -> BuildConfig:
+        if self.recipe == "smoothquant":
+            if self.smoothquant is None:
+                raise ValueError("recipe 'smoothquant' needs a 'smoothquant' section (alpha: auto or 0..1)")
+            if self.algorithm_calls < 1:
+                raise ValueError("recipe 'smoothquant' needs algorithm_calls >= 1")
+        elif self.smoothquant is not None:
+            raise ValueError(f"'smoothquant' section given for recipe {self.recipe!r}; remove it")
+        return self
 
     def digest(self) -> str:
         """Stable hash of the validated build configuration (recorded in provenance)."""
@@ -158,7 +190,7 @@ def _validate(model: type[BaseModel], path: Path) -> Any:
         field = ".".join(str(p) for p in loc) or "(top level)"
         line = _line_of(node, loc)
         where = f":{line}" if line else ""
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             allowed = _fields_at(model, loc[:-1])
             msg = f"unknown field; valid fields here: {', '.join(allowed)}"

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fnmatch
 import io
 import json
 import shutil
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ FP8_E4M3 = {"num_bits": (4, 3), "axis": None}  # FP8_DEFAULT_CFG's per-tensor we
 FP8_MAX = 448.0
 TRANSFORMER_INDEX = "diffusion_pytorch_model.safetensors.index.json"
 # Tensors only vLLM / TensorRT-LLM read; diffusers would warn that they are unused.
+SMOOTHING_SIDECAR = "smoothing_scales.safetensors"  # per-channel s of each group: W_fp8 * scale / s ~ W_source
 SERVING_ONLY = [r"\.weight_scale$", r"\.input_scale$"]
 
 
@@ -41,33 +44,92 @@ def quant_config(build: BuildConfig) -> dict[str, Any]:
     for pattern in build.quantized:
         for quantizer in ("weight_quantizer", "input_quantizer"):
             entries.append({"quantizer_name": f"*{pattern}.{quantizer}", "cfg": dict(FP8_E4M3)})
-    return {"quant_cfg": entries, "algorithm": build.calibrator}
+    # ModelOpt's max calibration always runs: it sets the weight amax; other observers replace the input amax after.
+    return {"quant_cfg": entries, "algorithm": "max"}
 
 
 def quantized_linears(model: torch.nn.Module) -> list[str]:
+    """Linears whose ModelOpt weight quantizer is enabled."""
     return [name for name, module in model.named_modules()
             if getattr(getattr(module, "weight_quantizer", None), "is_enabled", False)]
 
 
-def quantize(source: Path, build: BuildConfig, calls: list[dict[str, Any]]) -> torch.nn.Module:
-    """The source transformer, fake-quantized by ModelOpt and calibrated by replaying ``calls``."""
+def quantized_linears_of(model: torch.nn.Module, build: BuildConfig) -> list[str]:
+    """Linears of the (not yet quantized) model that the build's patterns select."""
+    return [name for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and any(fnmatch.fnmatchcase(name, p) for p in build.quantized)]
+
+
+def _check_finite(model: torch.nn.Module, source: Path) -> None:
+    for name, param in model.named_parameters():
+        if not torch.isfinite(param).all():
+            raise ReleaseError(f"{source}/transformer: tensor {name} holds NaN or Inf; the source is corrupt")
+
+
+@dataclass
+class Quantized:
+    """A fake-quantized, calibrated transformer and what the recipe decided on the way."""
+
+    model: torch.nn.Module
+    alpha_table: list[dict[str, Any]] = field(default_factory=list)
+    smoothing_scales: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def quantize(source: Path, build: BuildConfig, calls: list[dict[str, Any]],
+             algorithm_calls: list[dict[str, Any]]) -> Quantized:
+    """The source transformer, smoothed if the recipe says so, fake-quantized by ModelOpt, calibrated on ``calls``."""
     import modelopt.torch.quantization as mtq
     from diffusers import Cosmos3OmniTransformer
 
+    from release.recipes import Observer, input_hooks, smooth
+
     model = Cosmos3OmniTransformer.from_pretrained(str(source / "transformer"), dtype=torch.bfloat16).eval()
+    _check_finite(model, source)
+    result = Quantized(model)
+    if build.recipe == "smoothquant":
+        result.alpha_table, result.smoothing_scales = smooth(model, build, algorithm_calls)
+    names = quantized_linears_of(model, build)
+    if not names:
+        raise ReleaseError(f"builds/{build.name}.yaml: field 'quantized': no Linear matches the patterns")
+    observer = Observer(build.calibrator, names)
 
     @torch.no_grad()
     def forward_loop(m: torch.nn.Module) -> None:
-        for call in calls:
-            m(**call)
+        with input_hooks(m, names, observer.record):
+            for index, call in enumerate(calls):
+                observer.call = index
+                m(**call)
 
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints its progress
         warnings.simplefilter("ignore")
         mtq.quantize(model, quant_config(build), forward_loop=forward_loop)
-    names = quantized_linears(model)
-    if not names:
-        raise ReleaseError(f"builds/{build.name}.yaml: field 'quantized': no Linear matches the patterns")
-    return model
+    for name, amax in observer.amax().items():
+        quantizer: Any = model.get_submodule(name).input_quantizer
+        quantizer.amax = amax.to(quantizer.amax.dtype)
+    return result
+
+
+def fp8_weight_codes(weight: torch.Tensor, amax: torch.Tensor, arithmetic: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 codes and scale of one weight, as ModelOpt's compress (``w / (amax / 448)``) makes them on a CPU or CUDA.
+
+    Measured on an H200 (``bench/gpu_rounding_probe.py``): CUDA divides by a Python scalar as a multiplication by
+    fp32(1/448), and casts the 0-dim scale to the weight's dtype before the division; the CPU keeps the scale in the
+    amax dtype. With a bf16 amax (ModelOpt 0.47 on a bf16 model) both give the same codes; with an fp32 amax
+    (as ModelOpt 0.44 keeps it) about 3% of the codes differ.
+    """
+    weight, amax = weight.cpu(), amax.cpu()
+    if arithmetic == "cuda":
+        scale = (amax.float() * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32)).to(amax.dtype)
+        codes = (weight.float() / scale.to(weight.dtype).float()).to(weight.dtype).to(torch.float8_e4m3fn)
+    else:
+        scale = amax / FP8_MAX
+        codes = (weight / scale).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+def module_weight(model: torch.nn.Module, name: str) -> torch.Tensor:
+    weight: torch.Tensor = model.get_submodule(name).weight  # type: ignore[assignment]
+    return weight
 
 
 def _shard_size(source_transformer: Path) -> int:
@@ -104,18 +166,22 @@ def nvidia_quantization_config(model: torch.nn.Module, build: BuildConfig) -> di
     }
 
 
-def export_build(model: torch.nn.Module, build: BuildConfig, source: Path, out: Path) -> int:
+def export_build(quantized: Quantized, build: BuildConfig, source: Path, out: Path) -> int:
     """Write the build folder ``out``: the quantized transformer in NVIDIA's layout and the source's other parts.
 
-    ``model`` is compressed in place (its weights become FP8 codes). Returns the number of quantized Linears.
+    The model is compressed in place (its weights become FP8 codes). Returns the number of quantized Linears.
     """
     import modelopt.torch.opt as mto
     import modelopt.torch.quantization as mtq
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
+    model = quantized.model
     qconfig = nvidia_quantization_config(model, build)
     names = quantized_linears(model)
+    device = next(model.parameters()).device.type
+    emulate = build.arithmetic not in ("native", device)
+    bf16_weights = {n: module_weight(model, n).detach().clone() for n in names} if emulate else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mtq.compress(model)  # FP8 codes = (w / (amax / 448)) with the quotient in bf16, as ModelOpt's GEMM expects
@@ -124,11 +190,17 @@ def export_build(model: torch.nn.Module, build: BuildConfig, source: Path, out: 
         module: Any = model.get_submodule(name)  # a ModelOpt QuantLinear
         if state[f"{name}.weight"].dtype != torch.float8_e4m3fn:
             raise ReleaseError(f"tensor {name}.weight was not compressed to FP8 by ModelOpt")
+        if emulate:
+            codes, scale = fp8_weight_codes(bf16_weights[name], module.weight_quantizer._amax, build.arithmetic)
+            state[f"{name}.weight"], state[f"{name}.weight_quantizer._scale"] = codes, scale
         state[f"{name}.weight_scale"] = (module.weight_quantizer._amax.float() / FP8_MAX).reshape(())
         state[f"{name}.input_scale"] = (module.input_quantizer._amax.float() / FP8_MAX).reshape(())
         for key in (f"{name}.weight_scale", f"{name}.input_scale"):
             if not (torch.isfinite(state[key]) and state[key] > 0):
                 raise ReleaseError(f"tensor {key} is {state[key].item()}; calibration saw no finite, non-zero data")
+    if quantized.smoothing_scales:
+        save_file({k: v.float().contiguous() for k, v in sorted(quantized.smoothing_scales.items())},
+                  str(out / SMOOTHING_SIDECAR), metadata={"format": "pt"})
 
     tdir = out / "transformer"
     tdir.mkdir(parents=True)
@@ -187,8 +259,9 @@ def load_build_transformer(build_dir: Path) -> torch.nn.Module:
 
     if not (build_dir / "transformer" / "modelopt_state.pth").is_file():
         raise ReleaseError(f"{build_dir}/transformer/modelopt_state.pth: missing; rebuild with 'release build'")
-    mto.enable_huggingface_checkpointing()
-    with _serving_keys_ignored(), warnings.catch_warnings():
+    with contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints what it patches and restores
+        mto.enable_huggingface_checkpointing()
+    with _serving_keys_ignored(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         model = Cosmos3OmniTransformer.from_pretrained(str(build_dir / "transformer"), dtype=torch.bfloat16)
     return model.eval()

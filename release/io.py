@@ -19,16 +19,21 @@ def atomic_dir(final: Path) -> Iterator[Path]:
 
     A failure (or Ctrl-C) removes the temporary folder, so ``final`` is either complete or untouched.
     """
+    created = not final.parent.exists()
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    ok = False
     try:
         yield tmp
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+        ok = True
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if not ok and created and not any(final.parent.iterdir()):
+            final.parent.rmdir()  # the failed run created the output folder: leave no trace
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:

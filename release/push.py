@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from release import ReleaseError
+from release import GateError, ReleaseError
 from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
+from release.verify import gate
 
 # The Hub stores files of this size or larger, and every safetensors/pth file, through LFS.
 LFS_THRESHOLD = 10 * 1024 * 1024
@@ -33,6 +34,9 @@ class PushRequest:
         for b in builds:
             if not (dist / b.repo).is_dir():
                 raise ReleaseError(f"{dist / b.repo}: missing; run 'release build {b.name}' first")
+            refusal = gate(dist / b.repo)
+            if refusal:
+                raise GateError(f"push refused: {refusal}")
         return cls(release, builds, org or release.org, dist, dry_run)
 
 

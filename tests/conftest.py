@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,15 +16,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite golden files instead of comparing")
 
 
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Run from the repo root with the Hub offline and a private HF cache."""
-    monkeypatch.chdir(ROOT)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
-    monkeypatch.setenv("RELEASE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-    for var in ("RELEASE_SOURCE", "RELEASE_OBSERVATIONS", "RELEASE_BUILDS", "RELEASE_DEBUG"):
-        monkeypatch.delenv(var, raising=False)
+@pytest.fixture(scope="session", autouse=True)
+def _isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Run from the repo root with the Hub offline, a private HF cache and a private calibration cache."""
+    mp = pytest.MonkeyPatch()
+    mp.chdir(ROOT)
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("HF_HOME", str(tmp_path_factory.getbasetemp() / "hf_home"))
+    mp.setenv("RELEASE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    for var in ("RELEASE_SOURCE", "RELEASE_OBSERVATIONS", "RELEASE_BUILDS", "RELEASE_DEBUG", "SOURCE_DATE_EPOCH"):
+        mp.delenv(var, raising=False)
+    yield
+    mp.undo()
 
 
 def invoke(*args: str | os.PathLike[str]) -> Result:
@@ -46,13 +50,18 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def rtn_build(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The RTN build of the tiny checkpoint, made through the CLI."""
     dist = tmp_path_factory.mktemp("dist")
-    mp = pytest.MonkeyPatch()
-    mp.chdir(ROOT)
-    mp.setenv("RELEASE_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
-    try:
-        result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
-                        "--out", dist)
-    finally:
-        mp.undo()
+    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", dist)
     assert result.exit_code == 0, result.output
     return dist / "Cosmos3-Nano-Policy-DROID-FP8"
+
+
+@pytest.fixture(scope="session")
+def recipe_builds(rtn_build: Path, tiny: Path) -> Path:
+    """sq_auto and rtn_mavg, built beside the RTN build (same calibration capture)."""
+    dist = rtn_build.parent
+    result = invoke("build", "sq_auto", "rtn_mavg", "--source", tiny / "source", "--observations",
+                    tiny / "observations", "--out", dist)
+    assert result.exit_code == 0, result.output
+    assert "capturing" not in result.output  # the RTN build's capture is reused
+    return dist

@@ -1,0 +1,436 @@
+"""``release verify``: a build against a reference checkpoint and its source, as a report and a gate.
+
+Six checks, as in the seed card's "Verification" table: layout (safetensors headers only), quantization configs,
+ModelOpt state files, values (recomputed from the source), index consistency, and loadability in diffusers.
+Every problem is reported by file and tensor; nothing here raises on a damaged checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from release import ReleaseError
+from release.config import BuildConfig, ReleaseConfig, load_build, load_release
+from release.io import atomic_write, write_json
+from release.source import resolve_source
+
+REPORT_DIR = "verification"
+TOOL_SIDECARS = ("provenance.json", "smoothing_scales.safetensors")
+DOCUMENTATION = ("README", "LICENSE", ".gitattributes", "forest.png")
+BASE_MODEL_BRANCHES = ("sound_tokenizer/", "audio_")
+SHARD_INDEXES = {"transformer": "diffusion_pytorch_model.safetensors.index.json", "": "model.safetensors.index.json"}
+
+
+@dataclass
+class Check:
+    name: str
+    passed: bool
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    release: ReleaseConfig
+    build: BuildConfig
+    folder: Path
+    reference: Path | None
+    source: Path
+    observations: Path | None
+
+    @classmethod
+    def create(cls, name: str, dist: Path, reference: Path | None, source: Path | None,
+               observations: Path | None, require_reference: bool = True) -> VerifyRequest:
+        """``require_reference=False`` (after a build): without the RTN build the reference checks are skipped."""
+        release = load_release()
+        build = load_build(name)
+        folder = dist / build.repo
+        if not folder.is_dir():
+            raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
+        if reference is None:
+            rtn = next((s for s in release.siblings if s.build == "rtn"), None)
+            reference = dist / rtn.repo if rtn is not None else None
+            if not require_reference and reference is not None and not reference.is_dir():
+                reference = None
+        if reference is not None and not reference.is_dir():
+            raise ReleaseError(f"reference {reference} does not exist; pass --reference DIR (NVIDIA's "
+                               "Cosmos3-Nano@fp8, or the RTN build)")
+        src = resolve_source(release, source)
+        if observations is None and (src.parent / "observations").is_dir():
+            observations = src.parent / "observations"
+        return cls(release, build, folder, reference, src, observations)
+
+
+def _files(root: Path) -> list[str]:
+    """Files of a checkpoint folder, without this check's own report."""
+    return sorted(rel for p in root.rglob("*") if p.is_file()
+                  and not (rel := p.relative_to(root).as_posix()).startswith(f"{REPORT_DIR}/"))
+
+
+def _classify(path: str) -> str:
+    if path.startswith(TOOL_SIDECARS):
+        return "tool sidecar"
+    if path.split("/")[-1].startswith(DOCUMENTATION) or path.endswith(".md"):
+        return "documentation"
+    if path.startswith(BASE_MODEL_BRANCHES) or "/audio" in path:
+        return "base-model branch"
+    return "unexpected"
+
+
+def _headers(root: Path, problems: list[str]) -> dict[str, tuple[str, tuple[int, ...], str]]:
+    """``{component/tensor: (dtype, shape, file)}`` of every checkpoint shard under ``root`` (headers only)."""
+    from safetensors import safe_open
+
+    out: dict[str, tuple[str, tuple[int, ...], str]] = {}
+    for rel in _files(root):
+        if not rel.endswith(".safetensors") or _classify(rel) != "unexpected":
+            continue
+        component = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        try:
+            with safe_open(str(root / rel), framework="pt") as f:
+                for key in f.keys():
+                    sl = f.get_slice(key)
+                    name = f"{component}/{key}" if component else key
+                    if name in out:
+                        problems.append(f"{rel}: tensor {key} also in {out[name][2]}")
+                    out[name] = (sl.get_dtype(), tuple(sl.get_shape()), rel)
+        except Exception as exc:  # safetensors' own error type: truncated file, corrupt header
+            problems.append(f"{rel}: unreadable ({str(exc).splitlines()[0]})")
+    return out
+
+
+def check_layout(folder: Path, reference: Path) -> Check:
+    problems: list[str] = []
+    ours, theirs = _headers(folder, problems), _headers(reference, problems)
+    common = sorted(set(ours) & set(theirs))
+    differ = [f"{ours[k][2]}: tensor {k.split('/')[-1]} is {ours[k][0]}{list(ours[k][1])}, reference "
+              f"{theirs[k][0]}{list(theirs[k][1])}" for k in common if ours[k][:2] != theirs[k][:2]]
+    only_ours = sorted(set(ours) - set(theirs))
+    only_theirs = sorted(set(theirs) - set(ours))
+    files_ours, files_theirs = set(_files(folder)), set(_files(reference))
+    one_side = {f: _classify(f) for f in sorted(files_ours ^ files_theirs)}
+    unexpected = [f"{f} ({'build' if f in files_ours else 'reference'} only)" for f, c in one_side.items()
+                  if c == "unexpected"]
+    tensors_one_side = [f"{ours[k][2]}: tensor {k.split('/')[-1]} (build only)" for k in only_ours] + \
+        [f"{theirs[k][2]}: tensor {k.split('/')[-1]} (reference only)" for k in only_theirs]
+    tensors_one_side = [t for t in tensors_one_side if _classify(t.split(":")[0]) == "unexpected"]
+    failures = problems + differ + tensors_one_side + unexpected
+    kinds: dict[str, int] = {}
+    for c in one_side.values():
+        kinds[c] = kinds.get(c, 0) + 1
+    rest = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "nothing else"
+    summary = f"{len(common)} common tensors, {len(differ)} dtype or shape differences; on one side only: {rest}"
+    if failures:
+        summary += f"; first problem: {failures[0]}"
+    return Check("layout", not failures, summary, {
+        "common_tensors": len(common), "dtype_or_shape_differences": differ, "problems": failures,
+        "files_one_side": one_side,
+    })
+
+
+def _diff(a: Any, b: Any, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            p = f"{path}.{k}" if path else str(k)
+            if k not in a or k not in b:
+                out.append(f"{p}: {'missing in build' if k not in a else 'not in reference'}")
+            else:
+                out += _diff(a[k], b[k], p)
+        return out
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def _read_json(root: Path, rel: str, problems: list[str]) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads((root / rel).read_text())
+        return data
+    except FileNotFoundError:
+        problems.append(f"{rel}: missing")
+    except json.JSONDecodeError as exc:
+        problems.append(f"{rel}: invalid JSON ({exc.msg} at line {exc.lineno})")
+    return {}
+
+
+def check_quant_configs(folder: Path, reference: Path) -> Check:
+    problems: list[str] = []
+    diffs: list[str] = []
+    for rel, key in (("transformer/config.json", "quantization_config"), ("hf_quant_config.json", None)):
+        ours, theirs = _read_json(folder, rel, problems), _read_json(reference, rel, problems)
+        if key is not None:
+            if ours and key not in ours:
+                problems.append(f"{rel}: no '{key}' field")
+            ours, theirs = ours.get(key, {}), theirs.get(key, {})
+        diffs += [f"{rel}: {d}" for d in _diff(ours, theirs)]
+    failures = problems + diffs
+    summary = "identical to the reference's" if not failures else f"{len(failures)} differences: {failures[0]}"
+    return Check("quantization_config", not failures, summary, {"differences": failures})
+
+
+def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(v, f"{path}.{k}", out)
+    elif isinstance(value, list | tuple) and value and all(isinstance(v, list | tuple) and len(v) == 2
+                                                           and isinstance(v[0], str) for v in value):
+        for k, v in value:  # ModelOpt's [(mode, {...}), ...]
+            _flatten(v, f"{path}.{k}", out)
+    else:
+        out[path] = value
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+            and a.dtype == b.dtype and bool(torch.equal(a, b))
+    return bool(a == b)
+
+
+def check_modelopt_states(folder: Path, reference: Path) -> Check:
+    import modelopt.torch.quantization  # noqa: F401  (registers ModelOpt's classes for weights_only loading)
+
+    counts, failures = {}, []
+    for rel in ("transformer/modelopt_state.pth", "modelopt_state.pth"):
+        states = []
+        for root in (folder, reference):
+            try:
+                states.append(torch.load(root / rel, weights_only=True, map_location="cpu"))
+            except FileNotFoundError:
+                failures.append(f"{root / rel}: missing")
+            except Exception as exc:  # a truncated or foreign pickle
+                failures.append(f"{root / rel}: unreadable ({str(exc).splitlines()[0][:120]})")
+        if len(states) < 2:
+            continue
+        ours, theirs = {}, {}  # type: dict[str, Any], dict[str, Any]
+        _flatten(states[0], "", ours)
+        _flatten(states[1], "", theirs)
+        common = set(ours) & set(theirs)
+        differ = sorted(k for k in common if not _same(ours[k], theirs[k]))
+        configs = [(m, c.get("config")) for m, c in states[0]["modelopt_state_dict"]], \
+            [(m, c.get("config")) for m, c in states[1]["modelopt_state_dict"]]
+        if configs[0] != configs[1]:
+            failures.append(f"{rel}: ModelOpt configurations differ from the reference's")
+        failures += [f"{rel}: entry {k} differs" for k in differ]
+        counts[rel] = {"common": len(common), "build_only": len(set(ours) - common),
+                       "reference_only": len(set(theirs) - common), "differ": len(differ)}
+    parts = [f"{c['common']}/{c['build_only']}/{c['reference_only']} common/build-only/reference-only entries, "
+             f"{c['differ']} differ ({rel})" for rel, c in counts.items()]
+    summary = "; ".join(parts) if not failures else f"{failures[0]}"
+    return Check("modelopt_state", not failures, summary, {"counts": counts, "problems": failures})
+
+
+def _tensors(folder: Path, problems: list[str]) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        try:
+            out.update(load_file(shard))
+        except Exception as exc:
+            problems.append(f"{shard.name}: unreadable ({str(exc).splitlines()[0]})")
+    return out
+
+
+def _fp8_step(value: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Spacing of the FP8 E4M3 grid at ``value`` (3 mantissa bits, subnormals below 2^-6), in weight units."""
+    code = (value.float() / scale.float()).abs().clamp_min(2.0**-9)
+    exponent = torch.floor(torch.log2(code)).clamp_min(-6)
+    return scale.float() * torch.pow(2.0, exponent - 3)
+
+
+def expected_weights(source: dict[str, torch.Tensor], folder: Path, provenance: dict[str, Any]) -> dict[str, Any]:
+    """The source's transformer tensors with the build's recorded smoothing folded in (exactly as the build did)."""
+    from safetensors.torch import load_file
+
+    from release.recipes import folded
+
+    expected = dict(source)
+    table = provenance.get("recipe", {}).get("alpha_table") or []
+    if table:
+        scales = load_file(folder / "smoothing_scales.safetensors")
+        for row in table:
+            anchor, linears = row["group"], row["linears"]
+            new_anchor, new_linears = folded(expected[f"{anchor}.weight"],
+                                             [expected[f"{n}.weight"] for n in linears],
+                                             scales[anchor], anchor.endswith("up_proj"))
+            expected[f"{anchor}.weight"] = new_anchor
+            for n, w in zip(linears, new_linears, strict=True):
+                expected[f"{n}.weight"] = w
+    return expected
+
+
+def check_values(folder: Path, source: Path) -> Check:
+    from release.export import fp8_weight_codes
+
+    problems: list[str] = []
+    provenance = _read_json(folder, "provenance.json", problems)
+    built = _tensors(folder / "transformer", problems)
+    src = _tensors(source / "transformer", problems)
+    if problems:
+        return Check("values", False, problems[0], {"problems": problems})
+    arithmetic = provenance.get("recipe", {}).get("arithmetic", "native")
+    if arithmetic == "native":
+        arithmetic = str(provenance.get("device", "cpu")).split()[0]
+    expected = expected_weights(src, folder, provenance)
+    fp8 = [k for k, v in built.items() if v.dtype == torch.float8_e4m3fn]
+    worst = 0.0
+    for key in fp8:
+        linear = key.removesuffix(".weight")
+        scales = {s: built.get(f"{linear}.{s}") for s in ("weight_scale", "input_scale", "weight_quantizer._scale",
+                                                         "weight_quantizer._amax", "input_quantizer._amax")}
+        missing = [s for s, v in scales.items() if v is None]
+        if missing:
+            problems.append(f"tensor {linear}.{missing[0]} is missing")
+            continue
+        bad = [s for s, v in scales.items() if not (math.isfinite(float(v)) and float(v) > 0)]  # type: ignore[arg-type]
+        if bad:
+            problems.append(f"tensor {linear}.{bad[0]} is {float(scales[bad[0]])}: not a positive finite scale")  # type: ignore[arg-type]
+            continue
+        w = expected.get(key)
+        if w is None:
+            problems.append(f"tensor {key}: not in the source")
+            continue
+        amax = scales["weight_quantizer._amax"]
+        assert amax is not None
+        codes, scale = fp8_weight_codes(w, amax, arithmetic)
+        if not torch.equal(codes.view(torch.uint8), built[key].view(torch.uint8)):
+            n = int((codes.view(torch.uint8) != built[key].view(torch.uint8)).sum())
+            problems.append(f"tensor {key}: {n} FP8 codes differ from a recomputation from the source")
+        deq = built[key].float() * scale.float()
+        ratio = ((deq - w.float()).abs() / _fp8_step(w, scale)).max().item()
+        worst = max(worst, ratio)
+        if ratio > 0.5 * (1 + 2**-4):  # half a step, plus the bf16 rounding of the quotient before the FP8 cast
+            problems.append(f"tensor {key}: dequantizes {ratio:.2f} FP8 steps from the source weight")
+    folded = 0
+    for key, value in built.items():
+        if key in fp8 or key.endswith(("_scale", "_amax")):
+            continue
+        if key not in expected:
+            problems.append(f"tensor {key}: not in the source")
+        elif not torch.equal(value, expected[key]):
+            problems.append(f"tensor {key}: differs from the source")
+        elif not torch.equal(value, src[key]):
+            folded += 1
+    summary = (f"{len(fp8)} FP8 weights with positive finite scales, codes equal a recomputation from the source, "
+               f"within {worst:.2f} FP8 steps of the {'smoothed ' if folded else ''}source weight; other tensors "
+               f"equal the source{f' except {folded} norms / up_proj with folded smoothing' if folded else ''}")
+    return Check("values", not problems, summary if not problems else problems[0], {
+        "fp8_weights": len(fp8), "worst_fp8_steps": worst, "folded": folded, "problems": problems})
+
+
+def check_consistency(folder: Path) -> Check:
+    problems: list[str] = []
+    for component, index_name in SHARD_INDEXES.items():
+        index = _read_json(folder, f"{component}/{index_name}" if component else index_name, problems)
+        if not index:
+            continue
+        listed = set(index.get("weight_map", {}).values())
+        present = {p.name if component else f"transformer/{p.name}"
+                   for p in (folder / "transformer").glob("*.safetensors")}
+        problems += [f"{index_name}: lists {f}, which is missing" for f in sorted(listed - present)]
+        problems += [f"{f}: orphan shard, not in {index_name}" for f in sorted(present - listed)]
+    duplicates: list[str] = []
+    _headers(folder / "transformer", duplicates)
+    problems += [d for d in duplicates if "also in" in d]
+    summary = "both indexes list exactly the shards present; no tensor twice; no orphan file"
+    return Check("consistency", not problems, summary if not problems else problems[0], {"problems": problems})
+
+
+def check_loadable(request: VerifyRequest) -> Check:
+    from release.export import load_build_transformer
+    from release.observations import load_observations, split
+    from release.policy import load_pipeline, rollout
+
+    if request.observations is None:
+        return Check("loadable", False, "no observation set to roll out on; pass --observations DIR")
+    try:
+        transformer = load_build_transformer(request.folder)
+        obs = split(load_observations(request.observations), request.release.calibration_labs)[0]
+        pipe = load_pipeline(request.folder, request.release.policy, transformer=transformer)
+        actions = rollout(pipe, obs, request.release.policy)
+    except ReleaseError as exc:
+        return Check("loadable", False, str(exc))
+    except Exception as exc:  # diffusers / ModelOpt refusing a damaged checkpoint
+        return Check("loadable", False, f"diffusers could not load or run the build: {str(exc).splitlines()[0]}")
+    return Check("loadable", True, f"loads in diffusers with ModelOpt's restore; one policy rollout gives finite "
+                                   f"actions {list(actions.shape)}")
+
+
+def verify(request: VerifyRequest) -> list[Check]:
+    """Run every check, write ``verification/report.{json,md}`` into the build folder, return the checks."""
+    checks: list[Check] = []
+    runners: list[Callable[[], Check]] = []
+    if request.reference is not None:
+        ref = request.reference
+        runners += [lambda: check_layout(request.folder, ref), lambda: check_quant_configs(request.folder, ref),
+                    lambda: check_modelopt_states(request.folder, ref)]
+    else:
+        checks += [Check(name, True, "skipped: no reference (build 'rtn' into the same folder, or run "
+                                     "'release verify --reference DIR')", skipped=True)
+                   for name in ("layout", "quantization_config", "modelopt_state")]
+    runners += [lambda: check_values(request.folder, request.source), lambda: check_consistency(request.folder),
+                lambda: check_loadable(request)]
+    for run in runners:
+        checks.append(run())
+    report = {"build": request.build.name, "repo": request.build.repo,
+              "reference": str(request.reference) if request.reference else None,
+              "passed": all(c.passed for c in checks), "checks": [asdict(c) for c in checks]}
+    write_json(request.folder / REPORT_DIR / "report.json", report)
+    atomic_write(request.folder / REPORT_DIR / "report.md", render_markdown(request, checks))
+    return checks
+
+
+def render_markdown(request: VerifyRequest, checks: list[Check]) -> str:
+    ref = request.reference.name if request.reference else "none"
+    lines = [f"# Verification of {request.build.repo}", "", f"Reference: `{ref}`", "", "| Check | Passed | Result |",
+             "|---|---|---|"]
+    lines += [f"| {c.name} | {'skipped' if c.skipped else 'yes' if c.passed else 'NO'} | {c.summary} |"
+              for c in checks]
+    return "\n".join(lines) + "\n"
+
+
+def summary_table(request: VerifyRequest, checks: list[Check]) -> Any:
+    """A rich table of the checks, for the terminal."""
+    from rich.table import Table
+
+    table = Table(title=f"verification: {request.build.repo}", title_justify="left", show_lines=False)
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("details", overflow="fold")
+    for c in checks:
+        result = "[yellow]skipped[/]" if c.skipped else "[green]pass[/]" if c.passed else "[red]FAIL[/]"
+        table.add_row(c.name, result, c.summary)
+    return table
+
+
+def gate(folder: Path) -> str | None:
+    """Why ``release push`` must refuse the build in ``folder``, or None when its verification passed."""
+    path = folder / REPORT_DIR / "report.json"
+    if not path.is_file():
+        return f"{folder.name} has no verification report; run 'release verify' on it"
+    report = json.loads(path.read_text())
+    failed = [c for c in report["checks"] if not c["passed"]]
+    if failed:
+        return f"{folder.name} failed verification ({failed[0]['name']}: {failed[0]['summary']})"
+    return None
+
+
+def verify_builds(requests: list[VerifyRequest]) -> bool:
+    """Verify each build and print its summary; True when every check of every build passed."""
+    from rich.console import Console
+
+    console = Console(width=160)
+    ok = True
+    for request in requests:
+        checks = verify(request)
+        console.print(summary_table(request, checks))
+        ok &= all(c.passed for c in checks)
+    return ok

@@ -1,0 +1,189 @@
+"""Recipes on top of ModelOpt: SmoothQuant (auto and fixed alpha), observers, device arithmetic, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from release import ReleaseError
+from release.build import CalibrationData
+from release.config import load_build
+from release.export import SMOOTHING_SIDECAR, fp8_weight_codes, quantize
+from release.observations import CALIBRATION_LABS, load_observations, split
+from release.source import read_headers
+from tests.conftest import ROOT, invoke
+
+INDEX = "diffusion_pytorch_model.safetensors.index.json"
+GPU_REFERENCE = ROOT / "tests" / "data" / "gpu_rtn_weights.safetensors"
+
+
+def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(shard))
+    return out
+
+
+def test_smoothquant_keeps_rtn_structure_and_undoes_to_source(recipe_builds: Path, tiny: Path) -> None:
+    rtn = recipe_builds / "Cosmos3-Nano-Policy-DROID-FP8"
+    sq = recipe_builds / "Cosmos3-Nano-Policy-DROID-FP8-SmoothQuant"
+    strip = {k: v[:2] for k, v in read_headers(rtn / "transformer", INDEX).items()}
+    assert strip == {k: v[:2] for k, v in read_headers(sq / "transformer", INDEX).items()}
+    source, built = _tensors(tiny / "source/transformer"), _tensors(sq / "transformer")
+    scales = load_file(sq / SMOOTHING_SIDECAR)
+    norms = [k for k in source if "layernorm" in k]
+    assert norms and all(not torch.equal(source[k], built[k]) for k in norms)
+    # Undo the smoothing: W_source ~ W_fp8 * scale / s_in (per column) * s_out (per row, up_proj only), within one
+    # FP8 step of the smoothed value (3 mantissa bits: 2^-3 relative; 2^-9 of the scale in the subnormal range).
+    checked = 0
+    for key, value in built.items():
+        if value.dtype != torch.float8_e4m3fn:
+            continue
+        linear = key.removesuffix(".weight")
+        layer, tail = ".".join(linear.split(".")[:2]), linear.split(".", 2)[2]
+        gen = "_moe_gen" if tail.startswith(("self_attn.add_", "mlp_moe_gen.")) else ""
+        s_in = torch.ones(value.shape[1])
+        if tail.split(".")[-1] in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj"):
+            s_in = scales[f"{layer}.input_layernorm{gen}"]
+        elif tail.endswith(("gate_proj", "up_proj")):
+            s_in = scales[f"{layer}.post_attention_layernorm{gen}"]
+        elif tail.endswith("down_proj"):
+            s_in = scales[f"{layer}.{tail.split('.')[0]}.up_proj"]
+        s_out = scales[linear] if tail.endswith("up_proj") else torch.ones(value.shape[0])
+        scale = built[f"{linear}.weight_quantizer._scale"].float()
+        undone = value.float() * scale / s_in[None, :] * s_out[:, None]
+        ref = source[key].float()
+        tolerance = torch.maximum(ref.abs() * 2**-3, scale * 2**-9 / s_in[None, :] * s_out[:, None])
+        assert bool(((undone - ref).abs() <= tolerance).all()), linear
+        assert not torch.equal(s_in, torch.ones_like(s_in)) or tail.endswith(("to_out", "to_add_out")), linear
+        checked += 1
+    assert checked == 28
+    prov = json.loads((sq / "provenance.json").read_text())
+    table = prov["recipe"]["alpha_table"]
+    assert len(table) == 12 and all(0.0 <= row["alpha"] <= 1.0 for row in table)
+    assert all(row["error_after"] <= row["error_before"] * 1.05 for row in table)
+    assert prov["algorithm_data"]["calls"] == 32 and len(prov["algorithm_data"]["sha256"]) == 64
+
+
+def test_moving_average_changes_input_scales_only(recipe_builds: Path) -> None:
+    rtn = _tensors(recipe_builds / "Cosmos3-Nano-Policy-DROID-FP8/transformer")
+    mavg = _tensors(recipe_builds / "Cosmos3-Nano-Policy-DROID-FP8-RTN-MovingAvgObserver/transformer")
+    assert rtn.keys() == mavg.keys()
+    inputs = [k for k in rtn if k.endswith(("input_scale", "input_quantizer._amax"))]
+    for key in rtn:
+        if key not in inputs:
+            assert torch.equal(rtn[key].reshape(-1).view(torch.uint8), mavg[key].reshape(-1).view(torch.uint8)), key
+    changed = [k for k in inputs if k.endswith("input_scale") and not torch.equal(rtn[k], mavg[k])]
+    assert len(changed) >= 14
+    assert all(mavg[k] <= rtn[k] for k in inputs)  # an average of per-call maxima never exceeds the maximum
+
+
+def test_sq_build_is_byte_identical_when_repeated(recipe_builds: Path, tiny: Path, tmp_path: Path) -> None:
+    result = invoke("build", "sq_auto", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    first = recipe_builds / "Cosmos3-Nano-Policy-DROID-FP8-SmoothQuant"
+    again = tmp_path / first.name
+    for path in sorted(first.rglob("*")):
+        rel = path.relative_to(first).as_posix()
+        if path.is_file() and rel != "provenance.json" and not rel.startswith("verification/"):
+            assert path.read_bytes() == (again / path.relative_to(first)).read_bytes(), path
+
+
+def test_cpu_build_with_cuda_arithmetic_matches_gpu_export(rtn_build: Path, tiny: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = tmp_path / "builds"
+    shutil.copytree(ROOT / "builds", builds)
+    text = (builds / "rtn.yaml").read_text()
+    (builds / "rtn.yaml").write_text(text.replace("recipe: rtn\n", "recipe: rtn\narithmetic: cuda\n"))
+    monkeypatch.setenv("RELEASE_BUILDS", str(builds))
+    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 0, result.output
+    built = _tensors(tmp_path / "dist" / rtn_build.name / "transformer")
+    gpu = load_file(GPU_REFERENCE)
+    linears = [k.removesuffix(".weight") for k in gpu if k.endswith(".weight") and not k.startswith("fp32amax.")]
+    assert len(linears) == 28
+    for name in linears:
+        for suffix in ("weight", "weight_quantizer._amax", "weight_quantizer._scale"):
+            assert built[f"{name}.{suffix}"].dtype == gpu[f"{name}.{suffix}"].dtype
+            mine, theirs = built[f"{name}.{suffix}"].reshape(-1), gpu[f"{name}.{suffix}"].reshape(-1)
+            assert torch.equal(mine.view(torch.uint8), theirs.view(torch.uint8)), f"{name}.{suffix}"
+
+
+def test_cuda_emulation_where_cpu_and_cuda_differ(tiny: Path) -> None:
+    """With an fp32 amax, CUDA rounds differently; the emulation reproduces the GPU export and the CPU's does not."""
+    source, gpu = _tensors(tiny / "source/transformer"), load_file(GPU_REFERENCE)
+    cpu_differs = 0
+    for key in [k for k in gpu if k.startswith("fp32amax.") and k.endswith(".weight")]:
+        name = key.removeprefix("fp32amax.").removesuffix(".weight")
+        amax = gpu[f"fp32amax.{name}.weight_quantizer._amax"]
+        assert amax.dtype == torch.float32
+        codes, scale = fp8_weight_codes(source[f"{name}.weight"], amax, "cuda")
+        assert torch.equal(codes.view(torch.uint8), gpu[key].view(torch.uint8)), name
+        assert torch.equal(scale, gpu[f"fp32amax.{name}.weight_quantizer._scale"])
+        cpu_codes, _ = fp8_weight_codes(source[f"{name}.weight"], amax, "cpu")
+        cpu_differs += int((cpu_codes.view(torch.uint8) != gpu[key].view(torch.uint8)).sum())
+    assert cpu_differs > 1000  # about 3% of 147,456 codes
+
+
+def test_non_finite_weight_names_the_tensor(tiny: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "source"
+    shutil.copytree(tiny / "source", bad)
+    index = json.loads((bad / "transformer" / INDEX).read_text())["weight_map"]
+    shard = bad / "transformer" / index["layers.0.mlp.gate_proj.weight"]
+    tensors = load_file(shard)
+    tensors["layers.0.mlp.gate_proj.weight"][3, 5] = float("nan")
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    result = invoke("build", "rtn", "--source", bad, "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 2, result.output
+    assert "tensor layers.0.mlp.gate_proj.weight holds NaN or Inf" in result.output
+    assert not (tmp_path / "dist").exists()
+
+
+def test_non_finite_activation_names_layer_and_call(rtn_build: Path, tiny: Path) -> None:
+    calibration = split(load_observations(tiny / "observations"), CALIBRATION_LABS)
+    folder = next((Path(os.environ["RELEASE_CACHE"]) / "calibration").iterdir())
+    data = CalibrationData.load(folder, calibration[:2])
+    calls = [dict(c) for c in data.per_observation[0]]
+    calls[3] = {**calls[3], "vision_tokens": [torch.full_like(calls[3]["vision_tokens"][0], float("inf"))]}
+    with pytest.raises(ReleaseError, match=r"non-finite activation .* at the input of layers\.0\.\S+ in "
+                                           r"transformer call 3"):
+        quantize(tiny / "source", load_build("rtn"), calls, [])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("alpha: auto", "alpha: 1.5"), "field 'smoothquant.alpha"),
+    (("algorithm_calls: 32", "algorithm_calls: 0"), "needs algorithm_calls >= 1"),
+    (("method: max", "method: minmax"), "Input should be 'max', 'moving_average' or 'histogram'"),
+    (("recipe: smoothquant", "recipe: awq"), "Input should be 'rtn' or 'smoothquant'"),
+])
+def test_bad_recipe_parameters(edit: tuple[str, str], message: str, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = tmp_path / "builds"
+    shutil.copytree(ROOT / "builds", builds)
+    path = builds / "sq_auto.yaml"
+    path.write_text(path.read_text().replace(*edit))
+    monkeypatch.setenv("RELEASE_BUILDS", str(builds))
+    with pytest.raises(ReleaseError, match=message):
+        load_build("sq_auto")
+
+
+def test_too_little_algorithm_data(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = tmp_path / "builds"
+    shutil.copytree(ROOT / "builds", builds)
+    path = builds / "sq_auto.yaml"
+    path.write_text(path.read_text().replace("algorithm_calls: 32", "algorithm_calls: 64"))
+    monkeypatch.setenv("RELEASE_BUILDS", str(builds))
+    result = invoke("build", "sq_auto", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 2
+    assert "field 'algorithm_calls' asks for 64 calls" in result.output and "only 32" in result.output
+    assert not (tmp_path / "dist").exists()
