@@ -4,6 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
 BUILDS := rtn sq_auto rtn_mavg
+EVAL_ARGS = --dist $(DEMO)/dist --source $(DEMO)/fixture/source --observations $(DEMO)/fixture/observations
 
 .PHONY: demo test lint venv clean
 
@@ -23,10 +24,15 @@ demo: venv
 	rm -rf $(DEMO)
 	$(BIN)/release fixture tiny --out $(DEMO)/fixture
 	$(BIN)/release build $(BUILDS) --source $(DEMO)/fixture/source --observations $(DEMO)/fixture/observations --out $(DEMO)/dist
+	$(BIN)/release eval $(BUILDS) --path fakequant --split calibration $(EVAL_ARGS) --yardsticks
+	$(BIN)/release eval $(BUILDS) --path deployed --split calibration $(EVAL_ARGS)
+	$(BIN)/release eval $(BUILDS) --path deployed --split validation $(EVAL_ARGS) --yardsticks
+	$(BIN)/release tables --dist $(DEMO)/dist
 	$(BIN)/release card --dist $(DEMO)/dist --lang en
 	$(BIN)/release push --dist $(DEMO)/dist --dry-run
 	@echo
-	@echo "Results: $(DEMO)/dist/<repo>/ (checkpoint, provenance.json, README.md); tiny source in $(DEMO)/fixture/"
+	@echo "Results: $(DEMO)/dist/<repo>/ (checkpoint, provenance.json, verification/, results/, README.md),"
+	@echo "         $(DEMO)/dist/tables/ (fidelity, ranking, attribution: CSV + tables.json); tiny source in $(DEMO)/fixture/"
 
 lint: venv
 	$(BIN)/ruff check release tests bench

@@ -113,6 +113,51 @@ def verify(names: tuple[str, ...], dist: Path, reference: Path | None, source: P
         sys.exit(1)
 
 
+@main.command("eval")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--path", "path_", type=click.Choice(["fakequant", "deployed"]), default="fakequant", show_default=True)
+@click.option("--split", type=click.Choice(["calibration", "validation", "all"]), default="calibration",
+              show_default=True)
+@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@click.option("--source", type=click.Path(path_type=Path), default=None)
+@click.option("--observations", type=click.Path(path_type=Path), default=None)
+@click.option("--yardsticks", is_flag=True, help="Also BF16 eager vs torch.compile and seed vs seed.")
+def eval_(names: tuple[str, ...], path_: str, split: str, dist: Path, source: Path | None,
+          observations: Path | None, yardsticks: bool) -> None:
+    """Replay the policy for BF16 and each build on the same seeds; store the action chunks."""
+    from release.evaluate import EvalRequest, run_eval
+
+    for out in run_eval(EvalRequest.create(names, path_, split, dist, source, observations, yardsticks)):
+        click.echo(f"results: {out}")
+
+
+@main.command("import-served")
+@click.argument("name")
+@click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@click.option("--source", type=click.Path(path_type=Path), default=None)
+@click.option("--observations", type=click.Path(path_type=Path), default=None)
+def import_served_(name: str, file: Path, dist: Path, source: Path | None, observations: Path | None) -> None:
+    """Take a policy server's results (npz) as the build's 'served' path."""
+    from release.evaluate import import_served
+
+    click.echo(f"results: {import_served(name, file, dist, observations, source)}")
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Default: DIST/tables.")
+@click.option("--baseline", default="rtn", show_default=True)
+@click.option("--resamples", type=click.IntRange(100, 1_000_000), default=10_000, show_default=True)
+def tables(names: tuple[str, ...], dist: Path, out: Path | None, baseline: str, resamples: int) -> None:
+    """Fidelity, served, ranking and attribution tables (CSV and JSON) across every evaluated build."""
+    from release.tables import TablesRequest, run_tables
+
+    result = run_tables(TablesRequest.create(names, dist, out, baseline, resamples))
+    click.echo(result["fidelity"].to_string(index=False))
+
+
 @main.command()
 @click.argument("names", nargs=-1)
 @click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)

@@ -79,6 +79,7 @@ class ReleaseConfig(_Strict):
     policy: PolicySettings = PolicySettings()
     calibration_labs: list[str] = []
     heldout_labs: list[str] = []
+    action_stats: str = Field("action_stats.json", description="per-dimension action sigma, in the observation set")
 
 
 class Gate(_Strict):

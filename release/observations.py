@@ -90,6 +90,11 @@ def write_observations(out: Path, n: int, seed: int, labs: list[str], heldout: i
         lines.append(json.dumps({"obs_id": i, "episode_id": episode, "lab": lab, "instruction": text,
                                  "state": state, "images": images}, sort_keys=True))
     atomic_write(out / "observations.jsonl", "\n".join(lines) + "\n")
+    states = np.array([json.loads(line)["state"] for line in lines])
+    write_json(out / "action_stats.json", {
+        "sigma": [round(float(s), 6) for s in states.std(axis=0)],
+        "note": "per-dimension std of the synthetic joint positions and gripper states of this observation set",
+    })
     write_json(out / "index.json", {"format": FORMAT, "count": len(lines), "cameras": CAMERAS, "seed": seed})
 
 
@@ -114,6 +119,20 @@ def load_observations(folder: Path) -> list[Observation]:
         except (KeyError, ValueError, TypeError) as exc:
             raise ReleaseError(f"{path}:{lineno}: bad observation record: {exc}") from exc
     return obs
+
+
+def action_sigma(folder: Path, name: str, dims: int) -> np.ndarray:
+    """The per-dimension action std the metrics normalise by (``action_stats`` in builds/release.yaml)."""
+    path = folder / name
+    try:
+        sigma = np.array(json.loads(path.read_text())["sigma"], dtype=np.float64)
+    except FileNotFoundError as exc:
+        raise ReleaseError(f"{path}: missing; the metrics need the per-dimension action sigma (field 'sigma')") from exc
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ReleaseError(f"{path}: field 'sigma' must be a list of {dims} numbers") from exc
+    if sigma.shape != (dims,) or not (sigma > 0).all():
+        raise ReleaseError(f"{path}: field 'sigma' must be {dims} positive numbers, got {sigma.tolist()}")
+    return sigma
 
 
 def split(obs: list[Observation], labs: list[str]) -> list[Observation]:

@@ -1,0 +1,277 @@
+"""``release eval`` and ``release import-served``: policy replays against BF16, stored per observation.
+
+Paths: ``fakequant`` (the source with ModelOpt fake quantization at the build's scales), ``deployed`` (the exported
+build through diffusers: ModelOpt's FP8 GEMM on CUDA, an emulation of its arithmetic on a CPU) and ``served``
+(results imported from a policy server). Every path stores ``results/<path>-<split>.npz`` in the build folder:
+``reference`` and ``candidate`` [N, chunk, 8], ``obs_ids``, ``seeds``, ``labs``. Yardsticks (BF16 eager vs
+``torch.compile``; one noise seed vs others) go to ``<dist>/yardsticks/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from release import ReleaseError
+from release.config import BuildConfig, PolicySettings, ReleaseConfig, load_build, load_release
+from release.io import atomic_write
+from release.observations import Observation, action_sigma, load_observations
+from release.source import resolve_source, source_revision
+
+Path_ = Literal["fakequant", "deployed", "served"]
+Split = Literal["calibration", "validation", "all"]
+RESULTS = "results"
+YARDSTICKS = "yardsticks"
+SEEDS_YARDSTICK = (4, 4)  # observations x seeds
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    release: ReleaseConfig
+    builds: list[BuildConfig]
+    path: Path_
+    split: Split
+    dist: Path
+    source: Path
+    observations: Path
+    cache: Path
+    yardsticks: bool
+
+    @classmethod
+    def create(cls, names: tuple[str, ...], path: str, split: str, dist: Path, source: Path | None,
+               observations: Path | None, yardsticks: bool) -> EvalRequest:
+        import os
+
+        from release.build import CACHE_ENV
+
+        release = load_release()
+        builds = [load_build(n) for n in names]
+        for b in builds:
+            if not (dist / b.repo).is_dir():
+                raise ReleaseError(f"{dist / b.repo}: missing; run 'release build {b.name}' first")
+        src = resolve_source(release, source)
+        obs = observations or src.parent / "observations"
+        if not (obs / "index.json").is_file():
+            raise ReleaseError(f"observation set {obs} not found; pass --observations DIR")
+        cache = Path(os.environ.get(CACHE_ENV, ".cache/release"))
+        return cls(release, builds, path, split, dist, src, obs, cache, yardsticks)  # type: ignore[arg-type]
+
+
+def select(observations: list[Observation], release: ReleaseConfig, split: str) -> list[Observation]:
+    if split == "calibration":
+        chosen = [o for o in observations if o.lab in release.calibration_labs]
+    elif split == "validation":
+        chosen = [o for o in observations if o.lab in release.heldout_labs]
+    else:
+        chosen = [o for o in observations if o.lab in release.calibration_labs + release.heldout_labs]
+    if not chosen:
+        raise ReleaseError(f"split {split!r}: no observation from its labs; the observation set has labs "
+                           f"{sorted({o.lab for o in observations})}")
+    return chosen
+
+
+def _emulated_fp8_forward(self: Any, input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """ModelOpt's FP8 per-tensor GEMM (``fp8_per_tensor_gemm``) in CPU arithmetic.
+
+    scale_a = amax_in / 448 and scale_b = amax_w / 448 in fp32; the input is divided by scale_a with the quotient in
+    bf16 (CUDA casts the 0-dim scale to the input dtype), clamped and cast to FP8; the FP8 x FP8 product accumulates
+    in fp32, is scaled by scale_a * scale_b and rounded to the input dtype.
+    """
+    reciprocal = torch.tensor(1.0 / 448.0, dtype=torch.float32)
+    scale_a = self.input_quantizer.amax.float() * reciprocal
+    scale_b = self.weight_quantizer.amax.float() * reciprocal
+    x = (input.float() / scale_a.to(input.dtype).float()).to(input.dtype).clamp(-448, 448).to(torch.float8_e4m3fn)
+    out = (x.float() @ self.weight.data.float().T) * (scale_a * scale_b)
+    if self.bias is not None:
+        out = out + self.bias.float()
+    return out.to(input.dtype)
+
+
+def deployed_transformer(folder: Path) -> torch.nn.Module:
+    """The exported build through diffusers; on a CPU its FP8 Linears run the GEMM's arithmetic emulated."""
+    from release.export import load_build_transformer, quantized_linears
+
+    model = load_build_transformer(folder)
+    if not torch.cuda.is_available():
+        for name in quantized_linears(model):
+            module = model.get_submodule(name)
+            module.forward = types.MethodType(_emulated_fp8_forward, module)
+    return model
+
+
+def fakequant_transformer(source: Path, folder: Path, build: BuildConfig) -> torch.nn.Module:
+    """The BF16 source (with the build's smoothing folded in) under ModelOpt fake quantization at the build's
+    weight and input scales: the seed's offline-replay path."""
+    import contextlib
+    import io
+    import warnings
+
+    import modelopt.torch.quantization as mtq
+    from diffusers import Cosmos3OmniTransformer
+    from safetensors.torch import load_file
+
+    from release.export import quant_config, quantized_linears
+    from release.verify import expected_weights
+
+    model = Cosmos3OmniTransformer.from_pretrained(str(source / "transformer"), dtype=torch.bfloat16).eval()
+    provenance = json.loads((folder / "provenance.json").read_text())
+    src = {k: v for k, v in model.state_dict().items()}
+    model.load_state_dict(expected_weights(src, folder, provenance))
+    built: dict[str, torch.Tensor] = {}
+    for shard in sorted((folder / "transformer").glob("*.safetensors")):
+        built.update(load_file(shard))
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        mtq.quantize(model, quant_config(build), forward_loop=None)
+    for name in quantized_linears(model):
+        module: Any = model.get_submodule(name)
+        module.weight_quantizer.amax = built[f"{name}.weight_quantizer._amax"]
+        module.input_quantizer.amax = built[f"{name}.input_quantizer._amax"]
+    return model
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], torch.nn.Module | None],
+             observations: list[Observation], seeds: list[int], pipe_kwargs: dict[str, Any]) -> np.ndarray:
+    """[N, chunk, dims] actions, one rollout per (observation, seed); cached per item so a run resumes."""
+    from rich.progress import Progress
+
+    from release.build import observation_set_digest
+    from release.policy import load_pipeline, rollout, settings_digest
+
+    folder = request.cache / "rollouts" / _key(label, source_revision(request.source),
+                                               observation_set_digest(request.observations),
+                                               settings_digest(request.release.policy))
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"obs-{o.obs_id:05d}-seed-{s}.npy" for o, s in zip(observations, seeds, strict=True)]
+    todo = [i for i, p in enumerate(paths) if not p.is_file()]
+    if todo:
+        pipe = load_pipeline(request.source, request.release.policy, transformer=make_transformer())
+        with Progress(transient=True) as progress:
+            task = progress.add_task(f"rollouts: {label}", total=len(todo))
+            for i in todo:
+                settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
+                actions = rollout(pipe, observations[i], settings, **pipe_kwargs)
+                np.save(paths[i].with_suffix(".tmp.npy"), actions)
+                paths[i].with_suffix(".tmp.npy").replace(paths[i])
+                progress.advance(task)
+    return np.stack([np.load(p) for p in paths])
+
+
+def save_results(path: Path, reference: np.ndarray, candidate: np.ndarray, observations: list[Observation],
+                 seeds: list[int], sigma: np.ndarray) -> None:
+    import io
+
+    buf = io.BytesIO()
+    np.savez(buf, reference=reference, candidate=candidate, obs_ids=np.array([o.obs_id for o in observations]),
+             seeds=np.array(seeds), labs=np.array([o.lab for o in observations]), sigma=sigma)
+    atomic_write(path, buf.getvalue())
+
+
+def run_eval(request: EvalRequest) -> list[Path]:
+    """Replay the policy for BF16 and each build on the split, store the results (and yardsticks if asked)."""
+    policy: PolicySettings = request.release.policy
+    obs = select(load_observations(request.observations), request.release, request.split)
+    sigma = action_sigma(request.observations, request.release.action_stats, policy.action_dims)
+    seeds = [policy.noise_seed] * len(obs)
+    reference = rollouts(request, "bf16", lambda: None, obs, seeds, {})
+    written = []
+    deployed_kwargs = {"mixed_precision_format": "none"}  # W8A8 on every step, as NVIDIA's policy server serves it
+    for build in request.builds:
+        folder = request.dist / build.repo
+        prov = json.loads((folder / "provenance.json").read_text())
+        label = f"{request.path}:{build.name}:{prov['config_sha256']}:{prov['calibration']['sha256']}"
+        if request.path == "fakequant":
+            make = functools.partial(fakequant_transformer, request.source, folder, build)
+            candidate = rollouts(request, label, make, obs, seeds, {})
+        else:
+            candidate = rollouts(request, label, functools.partial(deployed_transformer, folder), obs, seeds,
+                                 deployed_kwargs)
+        out = folder / RESULTS / f"{request.path}-{request.split}.npz"
+        save_results(out, reference, candidate, obs, seeds, sigma)
+        written.append(out)
+    if request.yardsticks:
+        written += run_yardsticks(request, obs, reference, sigma)
+    return written
+
+
+def run_yardsticks(request: EvalRequest, obs: list[Observation], reference: np.ndarray,
+                   sigma: np.ndarray) -> list[Path]:
+    """BF16 eager vs BF16 ``torch.compile`` on the split, and one noise seed vs others on a few observations."""
+    from diffusers import Cosmos3OmniTransformer
+
+    policy = request.release.policy
+    seeds = [policy.noise_seed] * len(obs)
+
+    def compiled() -> torch.nn.Module:
+        model = Cosmos3OmniTransformer.from_pretrained(str(request.source / "transformer"), dtype=torch.bfloat16)
+        return torch.compile(model.eval(), dynamic=True)  # type: ignore[return-value]
+
+    compiled_actions = rollouts(request, "bf16-compile", compiled, obs, seeds, {})
+    out = request.dist / YARDSTICKS
+    save_results(out / f"compile-{request.split}.npz", reference, compiled_actions, obs, seeds, sigma)
+    n_obs, n_seeds = SEEDS_YARDSTICK
+    few = obs[:n_obs]
+    pairs = [o for o in few for _ in range(n_seeds)]
+    other = [policy.noise_seed + 1 + k for _ in few for k in range(n_seeds)]
+    base = rollouts(request, "bf16", lambda: None, pairs, [policy.noise_seed] * len(pairs), {})
+    varied = rollouts(request, "bf16", lambda: None, pairs, other, {})
+    save_results(out / f"seed-{request.split}.npz", base, varied, pairs, other, sigma)
+    return [out / f"compile-{request.split}.npz", out / f"seed-{request.split}.npz"]
+
+
+def import_served(name: str, file: Path, dist: Path, observations: Path | None, source: Path | None) -> Path:
+    """Check an external server's results (npz: reference, candidate [N, chunk, 8], obs_ids, seeds?, sigma?) and
+    store them as the build's ``served`` path."""
+    release = load_release()
+    build = load_build(name)
+    folder = dist / build.repo
+    if not folder.is_dir():
+        raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
+    try:
+        data = dict(np.load(file, allow_pickle=False))
+    except (OSError, ValueError) as exc:
+        raise ReleaseError(f"{file}: not a readable .npz file ({exc})") from exc
+    for key in ("reference", "candidate", "obs_ids"):
+        if key not in data:
+            raise ReleaseError(f"{file}: array '{key}' is missing; expected reference, candidate [N, chunk, 8], "
+                               "obs_ids [N], optional seeds [N] and sigma [8]")
+    ref, cand, ids = data["reference"], data["candidate"], data["obs_ids"]
+    dims = release.policy.action_dims
+    if ref.ndim != 3 or ref.shape[2] != dims or ref.shape != cand.shape:
+        raise ReleaseError(f"{file}: 'reference' {list(ref.shape)} and 'candidate' {list(cand.shape)} must both be "
+                           f"[N, chunk, {dims}]")
+    if ids.shape != (ref.shape[0],):
+        raise ReleaseError(f"{file}: 'obs_ids' has shape {list(ids.shape)}, expected [{ref.shape[0]}]")
+    for key in ("reference", "candidate"):
+        if not np.isfinite(data[key]).all():
+            raise ReleaseError(f"{file}: array '{key}' holds NaN or Inf")
+    if "seeds" in data and data["seeds"].shape != ids.shape:
+        raise ReleaseError(f"{file}: 'seeds' has shape {list(data['seeds'].shape)}, expected [{ids.shape[0]}]")
+    if "sigma" in data and (data["sigma"].shape != (dims,) or not (data["sigma"] > 0).all()):
+        raise ReleaseError(f"{file}: 'sigma' must be {dims} positive numbers")
+    src = resolve_source(release, source)
+    known = {o.obs_id: o for o in load_observations(observations or src.parent / "observations")}
+    unknown = [int(i) for i in ids if int(i) not in known]
+    if unknown:
+        raise ReleaseError(f"{file}: unknown observation ids {unknown[:5]}; they must be obs_id values of the "
+                           "observation set")
+    obs = [known[int(i)] for i in ids]
+    seeds = [int(s) for s in data.get("seeds", np.full(len(ids), release.policy.noise_seed))]
+    obs_folder = observations or src.parent / "observations"
+    sigma = data["sigma"] if "sigma" in data else action_sigma(obs_folder, release.action_stats, dims)
+    out = folder / RESULTS / "served-all.npz"
+    save_results(out, ref, cand, obs, seeds, sigma)
+    return out

@@ -1,0 +1,91 @@
+"""`release eval`, `release import-served` and `release tables` end to end on the tiny builds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import invoke
+
+RTN = "Cosmos3-Nano-Policy-DROID-FP8"
+
+
+@pytest.fixture(scope="session")
+def evaluated(recipe_builds: Path, tiny: Path) -> Path:
+    common = ["--dist", recipe_builds, "--source", tiny / "source", "--observations", tiny / "observations"]
+    for args in (["rtn", "sq_auto", "rtn_mavg", "--path", "fakequant", "--split", "validation", "--yardsticks"],
+                 ["rtn", "rtn_mavg", "--path", "deployed", "--split", "validation"]):
+        result = invoke("eval", *args, *common)
+        assert result.exit_code == 0, result.output
+    return recipe_builds
+
+
+def test_results_hold_every_chunk(evaluated: Path, tiny: Path) -> None:
+    data = np.load(evaluated / RTN / "results" / "fakequant-validation.npz")
+    assert data["reference"].shape == data["candidate"].shape == (16, 32, 8)
+    assert set(data["labs"]) == {"AUTOLab", "IPRL", "PennPAL", "RPL"}  # held-out labs only
+    assert np.isfinite(data["candidate"]).all() and not np.array_equal(data["reference"], data["candidate"])
+    deployed = np.load(evaluated / RTN / "results" / "deployed-validation.npz")
+    assert np.array_equal(deployed["reference"], data["reference"])  # same BF16 rollouts, same seeds
+    assert not np.array_equal(deployed["candidate"], data["candidate"])  # kernel arithmetic vs fake quant
+    seeds = np.load(evaluated / "yardsticks" / "seed-validation.npz")
+    assert seeds["reference"].shape == (16, 32, 8) and len(set(seeds["seeds"])) == 4
+
+
+def test_tables(evaluated: Path) -> None:
+    result = invoke("tables", "--dist", evaluated, "--resamples", "2000")
+    assert result.exit_code == 0, result.output
+    assert "overall (sigma) [95% CI]" in result.output
+    doc = json.loads((evaluated / "tables" / "tables.json").read_text())
+    rows = {(r["build"], r["path"], r["split"]): r for r in doc["records"]}
+    assert ("rtn", "deployed", "validation") in rows and ("sq_auto", "fakequant", "validation") in rows
+    row = rows[("sq_auto", "fakequant", "validation")]
+    for key in ("overall_sigma", "overall_ci", "joint_mae_deg", "snr_db", "gripper_agree", "gripper_ci",
+                "gripper_changes", "n_obs", "n_steps", "gate", "diff_to_baseline", "diff_ci", "x_eager_vs_compile"):
+        assert key in row, key
+    assert row["n_obs"] == 16 and row["n_steps"] == 512
+    assert row["overall_ci"][0] <= row["overall_sigma"] <= row["overall_ci"][1]
+    assert row["comparisons"] == 2  # sq_auto and rtn_mavg against rtn: Bonferroni over two
+    assert "diff_to_baseline" not in rows[("rtn", "fakequant", "validation")] or \
+        rows[("rtn", "fakequant", "validation")]["diff_to_baseline"] is None
+    for name in ("fidelity", "ranking", "attribution"):
+        assert not pd.read_csv(evaluated / "tables" / f"{name}.csv").empty
+
+
+def test_import_served(evaluated: Path, tiny: Path, tmp_path: Path) -> None:
+    data = np.load(evaluated / RTN / "results" / "deployed-validation.npz")
+    good = tmp_path / "served.npz"
+    np.savez(good, reference=data["reference"], candidate=data["candidate"], obs_ids=data["obs_ids"])
+    common = ["--dist", evaluated, "--source", tiny / "source", "--observations", tiny / "observations"]
+    result = invoke("import-served", "rtn", good, *common)
+    assert result.exit_code == 0, result.output
+    tables = invoke("tables", "rtn", "--dist", evaluated, "--resamples", "500", "--out", tmp_path / "t")
+    assert tables.exit_code == 0, tables.output
+    served = [r for r in json.loads((tmp_path / "t" / "tables.json").read_text())["records"] if r["path"] == "served"]
+    assert served and served[0]["n_obs"] == 16
+
+    def bad(name: str, **arrays: np.ndarray) -> str:
+        path = tmp_path / f"{name}.npz"
+        np.savez(path, **{"reference": data["reference"], "candidate": data["candidate"],
+                          "obs_ids": data["obs_ids"], **arrays})
+        res = invoke("import-served", "rtn", path, *common)
+        assert res.exit_code == 2 and res.output.count("\n") == 1, res.output
+        return res.output
+
+    assert "'candidate' [16, 32, 7]" in bad("shape", candidate=data["candidate"][..., :7])
+    nan = data["candidate"].copy()
+    nan[0, 0, 0] = np.nan
+    assert "array 'candidate' holds NaN or Inf" in bad("nan", candidate=nan)
+    assert "unknown observation ids [9999]" in bad("ids", obs_ids=np.r_[data["obs_ids"][:-1], 9999])
+    assert "'sigma' must be 8 positive numbers" in bad("sigma", sigma=np.zeros(8))
+
+
+def test_eval_and_tables_errors(evaluated: Path, tiny: Path, tmp_path: Path) -> None:
+    result = invoke("tables", "rtn_hist", "--dist", evaluated)
+    assert result.exit_code == 2 and "has no results" in result.output and "release eval rtn_hist" in result.output
+    result = invoke("eval", "rtn_hist", "--dist", evaluated, "--source", tiny / "source")
+    assert result.exit_code == 2 and "run 'release build rtn_hist' first" in result.output
