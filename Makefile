@@ -6,7 +6,7 @@ DEMO := demo
 BUILDS := rtn sq_auto rtn_mavg
 EVAL_ARGS = --dist $(DEMO)/dist --source $(DEMO)/fixture/source --observations $(DEMO)/fixture/observations
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean i18n
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,11 +28,17 @@ demo: venv
 	$(BIN)/release eval $(BUILDS) --path deployed --split calibration $(EVAL_ARGS)
 	$(BIN)/release eval $(BUILDS) --path deployed --split validation $(EVAL_ARGS) --yardsticks
 	$(BIN)/release tables --dist $(DEMO)/dist
-	$(BIN)/release card --dist $(DEMO)/dist --lang en
+	$(BIN)/release card --dist $(DEMO)/dist --lang en,ko
 	$(BIN)/release push --dist $(DEMO)/dist --dry-run
 	@echo
 	@echo "Results: $(DEMO)/dist/<repo>/ (checkpoint, provenance.json, verification/, results/, README.md),"
 	@echo "         $(DEMO)/dist/tables/ (fidelity, ranking, attribution: CSV + tables.json); tiny source in $(DEMO)/fixture/"
+
+# Extract translatable strings from templates/ and release/card.py, merge them into the Korean catalog, compile.
+i18n: venv
+	$(BIN)/pybabel extract -F babel.cfg -k _ --no-location --omit-header -o locales/messages.pot .
+	$(BIN)/pybabel update -i locales/messages.pot -d locales -l ko --no-location
+	$(BIN)/pybabel compile -d locales -l ko --statistics
 
 lint: venv
 	$(BIN)/ruff check release tests bench

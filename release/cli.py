@@ -161,13 +161,14 @@ def tables(names: tuple[str, ...], dist: Path, out: Path | None, baseline: str, 
 @main.command()
 @click.argument("names", nargs=-1)
 @click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
-@click.option("--lang", default="en", show_default=True, help="Comma-separated languages.")
-def card(names: tuple[str, ...], dist: Path, lang: str) -> None:
-    """Render the model card of each built repo into its folder."""
+@click.option("--lang", default="en,ko", show_default=True, help="Comma-separated languages; the first is README.md.")
+@click.option("--check", is_flag=True, help="Render without writing; fail on a missing translation or bad data.")
+def card(names: tuple[str, ...], dist: Path, lang: str, check: bool) -> None:
+    """Render the model cards (README.md, README.<lang>.md, LICENSE, forest plot) of each built repo."""
     from release.card import CardRequest, render_cards
 
-    for path in render_cards(CardRequest.create(names, dist, lang)):
-        click.echo(f"card: {path}")
+    for path in render_cards(CardRequest.create(names, dist, lang, check)):
+        click.echo(f"{'checked' if check else 'card'}: {path}")
 
 
 @main.command()

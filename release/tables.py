@@ -20,6 +20,7 @@ from release.stats import (
     _counts,
     attribution,
     gate,
+    overall,
     paired_difference,
     per_observation,
     resample_indices,
@@ -106,8 +107,7 @@ def build_tables(request: TablesRequest) -> dict[str, pd.DataFrame]:
         counts = counts_cache[n]
         s = summarize(r.per_obs, counts)
         compile_ys = _yardstick(request.dist, "compile", r.split)
-        ratio = s.overall_sigma / float(np.sqrt(compile_ys.sq_err.sum() / (compile_ys.n * compile_ys.steps
-                                                                          * compile_ys.dims))) \
+        ratio = s.overall_sigma / float(overall(compile_ys)) \
             if compile_ys is not None and compile_ys.sq_err.sum() > 0 else None
         record: dict[str, Any] = {"build": r.build.name, "title": r.build.title, "delivered": r.build.delivered,
                                   "path": r.path, "split": r.split, **asdict(s), "x_eager_vs_compile": ratio,
@@ -121,14 +121,25 @@ def build_tables(request: TablesRequest) -> dict[str, pd.DataFrame]:
                            "diff_p_corrected": paired["p_corrected"], "comparisons": len(peers)})
             att = attribution(r.per_obs, base.per_obs, r.obs_ids)
             attributions.append({"build": r.build.name, "path": r.path, "split": r.split, **att})
+            record["attribution"] = att
         records.append(record)
+    for split in sorted({r.split for r in results}):
+        for kind, title in (("compile", "BF16 eager vs BF16 torch.compile (yardstick)"),
+                            ("seed", "BF16 seed vs BF16 other seed (yardstick)")):
+            ys, compile_ys = _yardstick(request.dist, kind, split), _yardstick(request.dist, "compile", split)
+            if ys is not None and compile_ys is not None:
+                counts = _counts(resample_indices(ys.n, request.resamples, BOOTSTRAP_SEED), ys.n)
+                s = summarize(ys, counts)
+                records.append({"build": f"yardstick-{kind}", "title": title, "delivered": False,
+                                "path": "yardstick", "split": split, **asdict(s), "gate": None,
+                                "x_eager_vs_compile": s.overall_sigma / float(overall(compile_ys))})
     if not records:
         raise ReleaseError(f"{request.dist}: no result files; run 'release eval' first")
     frame = pd.DataFrame.from_records(records)
     tables = {"records": frame}
-    tables["fidelity"] = _formatted(frame[frame.path != "served"])
+    tables["fidelity"] = _formatted(frame[(frame.path != "served") & (frame.path != "yardstick")])
     tables["served"] = _formatted(frame[frame.path == "served"])
-    ranked = frame.sort_values(["path", "split", "overall_sigma"], kind="stable")
+    ranked = frame[frame.path != "yardstick"].sort_values(["path", "split", "overall_sigma"], kind="stable")
     tables["ranking"] = pd.DataFrame({
         "path": ranked.path, "split": ranked.split, "build": ranked.title,
         "sigma [95% CI]": [f"{o:.3f} {_fmt_ci(c)}" for o, c in zip(ranked.overall_sigma, ranked.overall_ci,
