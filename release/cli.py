@@ -175,10 +175,17 @@ def card(names: tuple[str, ...], dist: Path, lang: str, check: bool) -> None:
 @click.argument("names", nargs=-1)
 @click.option("--org", default=None, help="Hub organisation (default: builds/release.yaml).")
 @click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
-@click.option("--dry-run", is_flag=True, help="Print what would be uploaded; change nothing.")
-def push(names: tuple[str, ...], org: str | None, dist: Path, dry_run: bool) -> None:
-    """Publish the built repos (this version: --dry-run only)."""
-    from release.push import PushRequest, plan_release
+@click.option("--endpoint", default=None, help="Hub endpoint (default: huggingface_hub's, HF_ENDPOINT).")
+@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option("--create-pr", is_flag=True, help="Open a Hub pull request instead of committing to main.")
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+@click.option("--force", default=None, metavar="REASON", help="Push builds that failed verification; REASON goes "
+              "into the commit message.")
+@click.option("--target", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Publish to this local folder (ORG/REPO inside it) instead of the Hub.")
+def push(names: tuple[str, ...], org: str | None, dist: Path, endpoint: str | None, dry_run: bool,
+         create_pr: bool, fmt: str, force: str | None, target: Path | None) -> None:
+    """Plan and publish the sibling repos (token from HF_TOKEN or the huggingface_hub login; never printed)."""
+    from release.push import PushRequest, run_push
 
-    request = PushRequest.create(names, org, dist, dry_run)
-    click.echo(plan_release(request))
+    click.echo(run_push(PushRequest.create(names, org, dist, dry_run, endpoint, create_pr, fmt, force, target)))
