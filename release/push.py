@@ -172,6 +172,10 @@ class HubRemote:
             tree = list(self.api.list_repo_tree(repo_id, recursive=True, revision=head))
         except (RepositoryNotFoundError, RevisionNotFoundError):
             return None, {}
+        except Exception as exc:  # offline mode, DNS, refused connection: say where and stop
+            raise ReleaseError(f"cannot read {repo_id} from {self.api.endpoint}: {type(exc).__name__}: "
+                               f"{str(exc).splitlines()[0] if str(exc) else ''}; check --endpoint and the "
+                               "network, or plan against a folder with --target DIR") from exc
         from huggingface_hub.hf_api import RepoFile
 
         files = {}

@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from tests.hub_server import FakeHub
+
 ROOT = Path(__file__).resolve().parent.parent
+HUB_TOKEN = "hf_test_token"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,3 +68,22 @@ def recipe_builds(rtn_build: Path, tiny: Path) -> Path:
     assert result.exit_code == 0, result.output
     assert "capturing" not in result.output  # the RTN build's capture is reused
     return dist
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    from huggingface_hub import constants
+
+    # constants are read at import time (and conftest.py makes the session offline): patch them too.
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
+    server = FakeHub().start()
+    server.expected_token = HUB_TOKEN
+    yield server
+    server.stop()

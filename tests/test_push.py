@@ -1,0 +1,163 @@
+"""`release push`: the plan, the folder target, refusals; the Hub path against a local server of its API."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import Result
+
+from release import ReleaseError
+from tests.conftest import HUB_TOKEN, invoke
+from tests.hub_server import FakeHub
+
+RTN = "Cosmos3-Nano-Policy-DROID-FP8"
+pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")  # huggingface_hub
+
+
+@pytest.fixture
+def dist(rtn_build: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "dist"
+    shutil.copytree(rtn_build, d / rtn_build.name)
+    return d
+
+
+def test_folder_target_plan_push_and_noop(dist: Path, tmp_path: Path) -> None:
+    target = tmp_path / "hub"
+    plan = invoke("push", "rtn", "--dist", dist, "--target", target, "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    folder = dist / RTN
+    files = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    assert f"## np-cr/{RTN} (rtn): will be created" in plan.output
+    assert f"{len(files)} to add, 0 to modify, 0 to delete, 0 unchanged" in plan.output
+    for name in files:
+        assert f"| `{name}` | add |" in plan.output
+    assert not target.exists()  # a dry run changes nothing
+    as_json = json.loads(invoke("push", "rtn", "--dist", dist, "--target", target, "--dry-run",
+                                "--format", "json").output)
+    assert {f["action"] for f in as_json["repos"][0]["files"]} == {"add"}
+    pushed = invoke("push", "rtn", "--dist", dist, "--target", target)
+    assert pushed.exit_code == 0 and "checksums verified" in pushed.output
+    assert sorted(p.relative_to(target / "np-cr" / RTN).as_posix()
+                  for p in (target / "np-cr" / RTN).rglob("*") if p.is_file()) == files
+    again = invoke("push", "rtn", "--dist", dist, "--target", target)
+    assert "No changes: nothing will be uploaded." in again.output and "no changes, nothing copied" in again.output
+    (folder / "README.md").write_text("# changed card\n")
+    changed = invoke("push", "rtn", "--dist", dist, "--target", target, "--dry-run", "--org", "someone")
+    assert "## someone/" in changed.output
+    changed = invoke("push", "rtn", "--dist", dist, "--target", target, "--dry-run")
+    assert f"1 to add, 0 to modify, 0 to delete, {len(files)} unchanged" in changed.output  # README.md is new
+    assert "+# changed card" in changed.output
+
+
+def test_refusals(dist: Path, tmp_path: Path) -> None:
+    folder = dist / RTN
+    report = folder / "verification" / "report.json"
+    data = json.loads(report.read_text())
+    data["checks"][0]["passed"] = False
+    report.write_text(json.dumps(data))
+    refused = invoke("push", "rtn", "--dist", dist, "--target", tmp_path / "hub", "--dry-run")
+    assert refused.exit_code == 1 and "push refused" in refused.output and "--force REASON" in refused.output
+    forced = invoke("push", "rtn", "--dist", dist, "--target", tmp_path / "hub", "--dry-run", "--force",
+                    "layout checked by hand")
+    assert forced.exit_code == 0 and "[forced past verification: layout checked by hand]" in forced.output
+    (folder / ".env").write_text("HF_TOKEN=x\n")
+    secret = invoke("push", "rtn", "--dist", dist, "--target", tmp_path / "hub", "--dry-run", "--force", "x")
+    assert secret.exit_code == 2 and ".env: looks like a secret" in secret.output
+    (folder / ".env").unlink()
+    (folder / "notes.txt").write_text("token: hf_" + "a" * 34 + "\n")
+    secret = invoke("push", "rtn", "--dist", dist, "--target", tmp_path / "hub", "--dry-run", "--force", "x")
+    assert secret.exit_code == 2 and "contains what looks like a token" in secret.output
+    (folder / "notes.txt").unlink()
+    os.symlink("/etc/hostname", folder / "link")
+    link = invoke("push", "rtn", "--dist", dist, "--target", tmp_path / "hub", "--dry-run", "--force", "x")
+    assert link.exit_code == 2 and "outside the build folder" in link.output
+
+
+def test_unverified_build_is_refused(dist: Path, tmp_path: Path) -> None:
+    shutil.rmtree(dist / RTN / "verification")
+    result = invoke("push", "--dist", dist, "--dry-run", "--target", tmp_path / "hub")
+    assert result.exit_code == 1 and "has no verification report; run 'release verify'" in result.output
+
+
+def test_unreachable_hub_is_one_line(dist: Path) -> None:
+    result = invoke("push", "rtn", "--dist", dist, "--dry-run")
+    assert result.exit_code == 2 and result.output.startswith("error: cannot read np-cr/")
+    assert result.output.count("\n") == 1
+
+
+def _push(hub: FakeHub, dist: Path, *args: str) -> Result:
+    return invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, *args)
+
+
+def test_hub_first_push_then_noop(hub: FakeHub, dist: Path) -> None:
+    plan = _push(hub, dist, "--dry-run")
+    assert plan.exit_code == 0 and "will be created" in plan.output
+    assert not hub.repos  # the dry run created nothing
+    first = _push(hub, dist)
+    assert first.exit_code == 0, first.output
+    assert "tagged v0.1.0, checksums verified" in first.output
+    repo = f"np-cr/{RTN}"
+    local = {p.relative_to(dist / RTN).as_posix(): p.read_bytes() for p in (dist / RTN).rglob("*") if p.is_file()}
+    remote = {k: v for k, v in hub.files(repo).items() if k != ".gitattributes"}
+    assert remote == local
+    assert len(hub.commits(repo)) == 2 and "v0.1.0" in hub.tags(repo)  # the initial commit, then ours
+    again = _push(hub, dist)
+    assert again.exit_code == 0 and "no changes, nothing uploaded" in again.output
+    assert len(hub.commits(repo)) == 2  # a second push of the same release makes no commit
+    assert HUB_TOKEN not in first.output + again.output
+
+
+def test_hub_changed_card_and_deleted_file(hub: FakeHub, dist: Path) -> None:
+    assert _push(hub, dist).exit_code == 0
+    repo = f"np-cr/{RTN}"
+    (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# new card\n")
+    (dist / RTN / "verification" / "report.md").unlink()
+    plan = _push(hub, dist, "--dry-run", "--format", "json")
+    files = {f["path"]: f["action"] for f in json.loads(plan.output)["repos"][0]["files"]}
+    assert files["README.md"] == "add" and files["verification/report.md"] == "delete"
+    assert sum(1 for a in files.values() if a != "unchanged") == 2
+    result = _push(hub, dist)
+    assert result.exit_code == 0, result.output
+    last = hub.commits(repo)[-1]
+    assert "verification/report.md" not in hub.files(repo) and hub.files(repo)["README.md"].endswith(b"# new card\n")
+    assert set(last["files"]) ^ set(hub.commits(repo)[-2]["files"]) >= {"README.md", "verification/report.md"}
+
+
+def test_hub_stale_parent_is_refused(hub: FakeHub, dist: Path) -> None:
+    from release.config import load_build
+    from release.push import HashCache, HubRemote, PushRequest, _push_hub, plan_repo
+
+    assert _push(hub, dist).exit_code == 0
+    (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# stale\n")
+    request = PushRequest.create(("rtn",), None, dist, False, hub.url)
+    remote = HubRemote(hub.url)
+    plan = plan_repo(remote, load_build("rtn"), dist / RTN, f"np-cr/{RTN}", HashCache(dist / "h.json"), None)
+    hub.move_branch(f"np-cr/{RTN}")  # someone else commits between plan and push
+    with pytest.raises(ReleaseError, match=r"the branch moved after the plan .* nothing was overwritten"):
+        _push_hub(remote, plan, dist / RTN, request)
+    assert b"# stale" not in hub.files(f"np-cr/{RTN}").get("README.md", b"")
+
+
+def test_hub_dropped_upload_is_retried(hub: FakeHub, dist: Path) -> None:
+    hub.fail_next_lfs_upload = 1
+    result = _push(hub, dist)
+    assert result.exit_code == 0, result.output
+    assert hub.dropped_lfs_uploads == 1
+    repo = f"np-cr/{RTN}"
+    assert len(hub.commits(repo)) == 2  # exactly one commit, never a partial one
+    for shard in (dist / RTN / "transformer").glob("*.safetensors"):
+        assert hub.files(repo)[f"transformer/{shard.name}"] == shard.read_bytes()
+
+
+def test_hub_pull_request_mode(hub: FakeHub, dist: Path) -> None:
+    assert _push(hub, dist).exit_code == 0
+    repo = f"np-cr/{RTN}"
+    head = hub.head(repo)
+    (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# proposed\n")
+    result = _push(hub, dist, "--create-pr")
+    assert result.exit_code == 0 and "opened" in result.output
+    assert hub.head(repo) == head and len(hub.pull_requests(repo)) == 1
