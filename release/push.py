@@ -110,13 +110,17 @@ class HashCache:
         hit = self.entries.get(key)
         if hit and hit["size"] == st.st_size and hit["mtime_ns"] == st.st_mtime_ns:
             return hit
-        h, blob = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % st.st_size)
+        # sha256 for LFS comparisons; the git blob sha1 only where a file can be stored in git (small files)
+        h = hashlib.sha256()
+        blob = hashlib.sha1(b"blob %d\0" % st.st_size) if st.st_size < LFS_THRESHOLD else None
         with file.open("rb") as f:
             while chunk := f.read(1 << 24):
                 h.update(chunk)
-                blob.update(chunk)
+                if blob is not None:
+                    blob.update(chunk)
         self.hashed_bytes += st.st_size
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(), "sha1": blob.hexdigest()}
+        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(),
+                "sha1": blob.hexdigest() if blob is not None else None}
 
     def hash_all(self, files: list[Path], workers: int | None = None) -> dict[Path, dict[str, Any]]:
         """Hash in parallel (hashlib releases the GIL on large buffers)."""

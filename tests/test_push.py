@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import Result
 
 from release import ReleaseError
-from tests.conftest import HUB_TOKEN, invoke
+from tests.conftest import HUB_TOKEN, ROOT, invoke
 from tests.hub_server import FakeHub
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -161,3 +162,15 @@ def test_hub_pull_request_mode(hub: FakeHub, dist: Path) -> None:
     result = _push(hub, dist, "--create-pr")
     assert result.exit_code == 0 and "opened" in result.output
     assert hub.head(repo) == head and len(hub.pull_requests(repo)) == 1
+
+
+def test_preview_workflow_lints_clean() -> None:
+    import shutil as sh
+    import subprocess
+
+    actionlint = sh.which("actionlint") or str(Path(sys.executable).parent / "actionlint")
+    workflow = ROOT / ".github" / "workflows" / "release-preview.yml"
+    result = subprocess.run([actionlint, "-no-color", str(workflow)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = workflow.read_text()
+    assert "release push --dist demo/dist --dry-run" in text and "updateComment" in text
