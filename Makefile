@@ -39,7 +39,7 @@ demo: venv
 # Extract translatable strings from templates/ and release/card.py, merge them into the Korean catalog, compile.
 i18n: venv
 	$(BIN)/pybabel extract -F babel.cfg -k _ --no-location --omit-header -o locales/messages.pot .
-	$(BIN)/pybabel update -i locales/messages.pot -d locales -l ko --no-location
+	$(BIN)/pybabel update -i locales/messages.pot -d locales -l ko --ignore-obsolete --no-fuzzy-matching
 	$(BIN)/pybabel compile -d locales -l ko --statistics
 
 lint: venv

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import io
 import json
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,7 @@ CHECK_LABELS = {"layout": _("Files, tensor names, dtypes and shapes"),
 HEADERS = {"overall": _("overall (sigma) [95% CI]"), "gripper": _("gripper agree [95% CI]"),
            "served_sigma": _("served sigma [95% CI]"), "served_diff": _("served vs RTN [95% CI]"),
            "sigma": _("sigma [95% CI]"), "diff": _("vs RTN [95% CI]"),
-           "plot": _("Overall action error per build and path with 95% intervals; the line is the gate.")}
+           "plot": _("Overall action error per build and path with 95% CIs; the line is the gate.")}
 
 
 def build_label(record: dict[str, Any], t: Any) -> str:
@@ -217,13 +218,13 @@ def conclusions(records: list[dict[str, Any]], baseline: str, t: Any) -> list[st
         better = [r["title"] for r in rows if r["diff_ci"][1] < 0]
         worse = [r["title"] for r in rows if r["diff_ci"][0] > 0]
         if better:
-            out.append(t(_("{where}: lower error than {baseline} with a 95% interval excluding zero: {builds}."))
+            out.append(t(_("{where}: lower error than {baseline} with a 95% CI excluding zero: {builds}."))
                        .format(where=where, baseline=baseline, builds=", ".join(better)))
         else:
-            out.append(t(_("{where}: no build has a lower error than {baseline} with a 95% interval excluding "
+            out.append(t(_("{where}: no build has a lower error than {baseline} with a 95% CI excluding "
                            "zero.")).format(where=where, baseline=baseline))
         if worse:
-            out.append(t(_("{where}: higher error than {baseline} with a 95% interval excluding zero: {builds}."))
+            out.append(t(_("{where}: higher error than {baseline} with a 95% CI excluding zero: {builds}."))
                        .format(where=where, baseline=baseline, builds=", ".join(worse)))
     return [f"- {c}" for c in out]
 
@@ -247,7 +248,7 @@ def forest_plot(records: list[dict[str, Any]], gate_sigma: float, lang: str, out
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{r['build']} / {t(PATH_LABELS[r['path']])} / {t(SPLIT_LABELS[r['split']])}"
                         for r in rows], fontsize=7)
-    ax.set_xlabel(t(_("overall action error (sigma), 95% interval")))
+    ax.set_xlabel(t(_("overall action error (sigma) with 95% CI")))
     ax.invert_yaxis()
     ax.legend(loc="lower right")
     fig.tight_layout()
@@ -343,7 +344,9 @@ def render_card(release: ReleaseConfig, build: BuildConfig, folder: Path, record
     try:
         body = env.get_template("card.md.j2").render(**context)
     except jinja2.UndefinedError as exc:
-        raise ReleaseError(f"templates: {exc} (an undefined variable); fix the template or the data") from exc
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(".j2")]
+        where = f"{Path(frames[-1].filename).relative_to(ROOT)}:{frames[-1].lineno}" if frames else "templates"
+        raise ReleaseError(f"{where}: {exc} (an undefined template variable); fix the template or the data") from exc
     except jinja2.TemplateSyntaxError as exc:
         raise ReleaseError(f"{exc.filename}:{exc.lineno}: template syntax error: {exc.message}") from exc
     text = f"---\n{card_metadata(release, langs).to_yaml()}\n---\n\n{body}"

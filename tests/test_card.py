@@ -144,3 +144,18 @@ def test_card_errors(card_dist: Path) -> None:
     (card_dist / "tables" / "tables.json").unlink()
     result = invoke("card", "sq_auto", "--dist", card_dist)
     assert result.exit_code == 2 and "tables.json: missing (fidelity tables); run 'release tables'" in result.output
+
+
+def test_undefined_variable_names_template_and_line(card_dist: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    import release.card as card
+
+    templates = tmp_path / "templates"
+    shutil.copytree(ROOT / "templates", templates)
+    partial = templates / "partials" / "use.md.j2"
+    partial.write_text(partial.read_text() + "\n{{ no_such_value }}\n")
+    monkeypatch.setattr(card, "TEMPLATES", templates)
+    monkeypatch.setattr(card, "ROOT", tmp_path)
+    result = invoke("card", "rtn", "--dist", card_dist, "--check")
+    assert result.exit_code == 2
+    assert "templates/partials/use.md.j2:" in result.output and "'no_such_value' is undefined" in result.output
