@@ -156,7 +156,8 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
     from release.build import observation_set_digest
     from release.policy import load_pipeline, rollout, settings_digest
 
-    folder = request.cache / "rollouts" / _key(label, source_revision(request.source),
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU and GPU rollouts differ: cache them apart
+    folder = request.cache / "rollouts" / _key(label, device, source_revision(request.source),
                                                observation_set_digest(request.observations),
                                                settings_digest(request.release.policy))
     folder.mkdir(parents=True, exist_ok=True)
@@ -164,6 +165,8 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
     todo = [i for i, p in enumerate(paths) if not p.is_file()]
     if todo:
         pipe = load_pipeline(request.source, request.release.policy, transformer=make_transformer())
+        if device == "cuda":  # the deployed path then runs ModelOpt's FP8 GEMM
+            pipe.to("cuda")
         with Progress(transient=True) as progress:
             task = progress.add_task(f"rollouts: {label}", total=len(todo))
             for i in todo:

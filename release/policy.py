@@ -134,7 +134,7 @@ def rollout(pipe: JointPositionPolicyPipeline, obs: Observation, settings: Polic
         enable_safety_check=False,
         **pipe_kwargs,
     )
-    chunk = out.action[0][1:].float().numpy()
+    chunk = out.action[0][1:].float().cpu().numpy()
     if not np.isfinite(chunk).all():
         raise ReleaseError(f"observation {obs.obs_id}: the policy produced non-finite actions")
     return chunk
