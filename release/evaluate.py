@@ -21,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from release import ReleaseError
+from release import ReleaseError, __version__
 from release.config import BuildConfig, PolicySettings, ReleaseConfig, load_build, load_release
 from release.io import atomic_write
 from release.observations import Observation, action_sigma, load_observations
@@ -32,6 +32,7 @@ Split = Literal["calibration", "validation", "all"]
 RESULTS = "results"
 YARDSTICKS = "yardsticks"
 SEEDS_YARDSTICK = (4, 4)  # observations x seeds
+EMULATION = "fp8-gemm-emulation/2"  # input quotient in fp32, as ModelOpt's compiled _to_fp8
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,9 @@ def run_eval(request: EvalRequest) -> list[Path]:
     for build in request.builds:
         folder = request.dist / build.repo
         prov = json.loads((folder / "provenance.json").read_text())
-        label = f"{request.path}:{build.name}:{prov['config_sha256']}:{prov['calibration']['sha256']}"
+        # the tool version and the emulation's arithmetic are part of the key: a change re-runs the rollouts
+        label = (f"{request.path}:{build.name}:{prov['config_sha256']}:{prov['calibration']['sha256']}:"
+                 f"{__version__}:{EMULATION}")
         if request.path == "fakequant":
             make = functools.partial(fakequant_transformer, request.source, folder, build)
             candidate = rollouts(request, label, make, obs, seeds, {})
