@@ -164,11 +164,13 @@ class HubRemote:
 
     def __init__(self, endpoint: str | None) -> None:
         from huggingface_hub import HfApi
+        from huggingface_hub.utils import disable_progress_bars
 
+        disable_progress_bars()  # the plan and the result lines are the output
         self.api = HfApi(endpoint=endpoint, token=os.environ.get("HF_TOKEN") or None)
 
-    def state(self, repo_id: str) -> tuple[str | None, dict[str, tuple[int, str]]]:
-        """(head commit or None if the repo does not exist, {path: (size, sha256 for LFS / blob sha1)})."""
+    def state(self, repo_id: str) -> tuple[str | None, dict[str, tuple[int, str, bool]]]:
+        """(head commit or None if the repo does not exist, {path: (size, sha256 if LFS else blob sha1, is LFS)})."""
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
         try:
@@ -185,7 +187,7 @@ class HubRemote:
         files = {}
         for entry in tree:
             if isinstance(entry, RepoFile):
-                files[entry.path] = (entry.size, entry.lfs.sha256 if entry.lfs else entry.blob_id)
+                files[entry.path] = (entry.size, entry.lfs.sha256 if entry.lfs else entry.blob_id, bool(entry.lfs))
         return head, files
 
     def read(self, repo_id: str, path: str, revision: str) -> str:
@@ -199,7 +201,7 @@ class FolderRemote:
     def __init__(self, root: Path, cache: HashCache) -> None:
         self.root, self.cache = root, cache
 
-    def state(self, repo_id: str) -> tuple[str | None, dict[str, tuple[int, str]]]:
+    def state(self, repo_id: str) -> tuple[str | None, dict[str, tuple[int, str, bool]]]:
         folder = self.root / repo_id
         if not folder.is_dir():
             return None, {}
@@ -209,7 +211,8 @@ class FolderRemote:
         for p in files:
             rel = p.relative_to(folder).as_posix()
             h = hashes[p]
-            out[rel] = (h["size"], h["sha256"] if is_lfs(rel, h["size"]) else h["sha1"])
+            lfs = is_lfs(rel, h["size"])
+            out[rel] = (h["size"], h["sha256"] if lfs else h["sha1"], lfs)
         head = hashlib.sha1(json.dumps(sorted(out.items())).encode()).hexdigest()
         return head, out
 
@@ -227,15 +230,17 @@ def plan_repo(remote: HubRemote | FolderRemote, build: BuildConfig, folder: Path
     for p in local:
         rel = p.relative_to(folder).as_posix()
         h = hashes[p]
-        lfs = is_lfs(rel, h["size"])
+        remote_entry = remote_files.get(rel)
+        # compare the way the remote stores the file (its LFS rules are its own); a new file by ours
+        lfs = remote_entry[2] if remote_entry is not None and h["sha1"] is not None else is_lfs(rel, h["size"])
         mine = h["sha256"] if lfs else h["sha1"]
-        theirs = remote_files.get(rel, (None, None))[1]
-        action: Action = "add" if rel not in remote_files else "unchanged" if mine == theirs else "modify"
+        theirs = remote_entry[1] if remote_entry is not None else None
+        action: Action = "add" if remote_entry is None else "unchanged" if mine == theirs else "modify"
         plan.files.append(FilePlan(rel, action, h["size"], "lfs" if lfs else "git", mine, theirs))
         seen.add(rel)
-    for rel, (size, theirs) in sorted(remote_files.items()):
+    for rel, (size, theirs, lfs) in sorted(remote_files.items()):
         if rel not in seen and rel != ".gitattributes":
-            plan.files.append(FilePlan(rel, "delete", size, "lfs" if is_lfs(rel, size) else "git", None, theirs))
+            plan.files.append(FilePlan(rel, "delete", size, "lfs" if lfs else "git", None, theirs))
     readme = next((f for f in plan.files if f.path == "README.md"), None)
     if readme is not None and readme.action != "unchanged":
         old = remote.read(repo_id, "README.md", head).splitlines() if readme.action == "modify" and head else []
@@ -285,7 +290,21 @@ def render_plan(plans: list[RepoPlan], request: PushRequest) -> str:
     return "\n".join(lines)
 
 
-def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequest) -> str:
+def _mismatches(remote: HubRemote | FolderRemote, plan: RepoPlan, folder: Path, cache: HashCache) -> list[str]:
+    """Files whose remote hash differs from the local file's, compared the way the remote stores each."""
+    _, after = remote.state(plan.repo_id)
+    wrong = []
+    for f in plan.files:
+        if f.action == "delete":
+            continue
+        entry = after.get(f.path)
+        local = cache.hash_all([folder / f.path])[folder / f.path]
+        if entry is None or entry[1] != (local["sha256"] if entry[2] else local["sha1"]):
+            wrong.append(f.path)
+    return wrong
+
+
+def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequest, cache: HashCache) -> str:
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -310,14 +329,13 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
     if request.create_pr:
         return f"{plan.repo_id}: opened {info.pr_url}"
     api.create_tag(plan.repo_id, tag=f"v{__version__}", revision=commit, exist_ok=True)
-    _, after = remote.state(plan.repo_id)
-    wrong = [f.path for f in plan.files if f.action != "delete" and after.get(f.path, (0, None))[1] != f.local_hash]
+    wrong = _mismatches(remote, plan, folder, cache)
     if wrong:
         raise ReleaseError(f"{plan.repo_id}: after the push the remote {wrong[0]} does not match the local file")
     return f"{plan.repo_id}: committed {commit[:12]} ({len(ops)} files), tagged v{__version__}, checksums verified"
 
 
-def _push_folder(remote: FolderRemote, plan: RepoPlan, folder: Path) -> str:
+def _push_folder(remote: FolderRemote, plan: RepoPlan, folder: Path, cache: HashCache) -> str:
     if not plan.changes:
         return f"{plan.repo_id}: no changes, nothing copied"
     dest = remote.root / plan.repo_id
@@ -328,8 +346,7 @@ def _push_folder(remote: FolderRemote, plan: RepoPlan, folder: Path) -> str:
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(staging, dest)
-    _, after = remote.state(plan.repo_id)
-    wrong = [f.path for f in plan.files if f.action != "delete" and after.get(f.path, (0, None))[1] != f.local_hash]
+    wrong = _mismatches(remote, plan, folder, cache)
     if wrong:
         raise ReleaseError(f"{dest}: {wrong[0]} does not match the local file after copying")
     return f"{plan.repo_id}: {len(plan.changes)} changes published to {dest}, checksums verified"
@@ -352,8 +369,8 @@ def run_push(request: PushRequest) -> str:
     for build, plan in zip(request.builds, plans, strict=True):
         folder = request.dist / build.repo
         if isinstance(remote, FolderRemote):
-            done.append(_push_folder(remote, plan, folder))
+            done.append(_push_folder(remote, plan, folder, cache))
         else:
-            done.append(_push_hub(remote, plan, folder, request))
+            done.append(_push_hub(remote, plan, folder, request, cache))
     cache.save()
     return text + "\n" + "\n".join(done) if request.fmt == "markdown" else "\n".join(done)

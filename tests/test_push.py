@@ -139,7 +139,7 @@ def test_hub_stale_parent_is_refused(hub: FakeHub, dist: Path) -> None:
     plan = plan_repo(remote, load_build("rtn"), dist / RTN, f"np-cr/{RTN}", HashCache(dist / "h.json"), None)
     hub.move_branch(f"np-cr/{RTN}")  # someone else commits between plan and push
     with pytest.raises(ReleaseError, match=r"the branch moved after the plan .* nothing was overwritten"):
-        _push_hub(remote, plan, dist / RTN, request)
+        _push_hub(remote, plan, dist / RTN, request, HashCache(dist / "h.json"))
     assert b"# stale" not in hub.files(f"np-cr/{RTN}").get("README.md", b"")
 
 
