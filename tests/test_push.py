@@ -174,3 +174,20 @@ def test_preview_workflow_lints_clean() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     text = workflow.read_text()
     assert "release push --dist demo/dist --dry-run" in text and "updateComment" in text
+
+
+def test_three_delivered_repos_pushed_twice_make_one_commit_each(hub: FakeHub, recipe_builds: Path,
+                                                                 tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    for repo in (RTN, f"{RTN}-SmoothQuant", f"{RTN}-RTN-MovingAvgObserver"):
+        shutil.copytree(recipe_builds / repo, dist / repo)
+    plan = invoke("push", "--dist", dist, "--endpoint", hub.url, "--dry-run")
+    assert plan.exit_code == 0 and plan.output.count("will be created") == 3
+    for _ in range(2):
+        result = invoke("push", "--dist", dist, "--endpoint", hub.url)
+        assert result.exit_code == 0, result.output
+    assert sorted(hub.repos) == sorted(f"np-cr/{r}" for r in (RTN, f"{RTN}-SmoothQuant",
+                                                              f"{RTN}-RTN-MovingAvgObserver"))
+    for repo in hub.repos:
+        assert len(hub.commits(repo)) == 2  # the repo's initial commit and exactly one release commit
+    assert result.output.count("no changes, nothing uploaded") == 3
