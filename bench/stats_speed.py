@@ -10,7 +10,7 @@ import time
 import numpy as np
 from scipy import stats as sps
 
-from release.stats import _counts, paired_difference, per_observation, resample_indices, summarize
+from release.stats import paired_difference, per_observation, resample_counts, resample_indices, summarize
 
 BUILDS, OBS, RESAMPLES = 22, 32, 10_000
 
@@ -22,7 +22,7 @@ def main() -> None:
     cands = [ref + rng.normal(scale=0.1, size=ref.shape) for _ in range(BUILDS)]
     pos = [per_observation(ref, c, sigma) for c in cands]
     t = time.perf_counter()
-    counts = _counts(resample_indices(OBS, RESAMPLES, 0), OBS)
+    counts = resample_counts(resample_indices(OBS, RESAMPLES, 0), OBS)
     for po in pos:
         summarize(po, counts)
         paired_difference(po, pos[0], counts, comparisons=BUILDS - 1)

@@ -301,11 +301,9 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, all_r
                        "`results/`; a different robot setup can behave differently.")))
     siblings = [{"repo_id": f"{release.org}/{s.repo}", "title": load_build(s.build).title,
                  "current": s.build == build.name} for s in release.siblings]
-    others = [code for code in langs if code != lang]
     languages_line = " | ".join(
         f"[{code}]({'README.md' if code == langs[0] else f'README.{code}.md'})" for code in langs
     ) if len(langs) > 1 else ""
-    del others
     return {
         "release": release, "prov": prov, "repo_id": f"{release.org}/{build.repo}",
         "title": f"Cosmos3-Nano-Policy-DROID, {build.title} (ModelOpt W8A8, per-tensor static)",

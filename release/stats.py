@@ -69,7 +69,7 @@ def resample_indices(n: int, resamples: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n, size=(resamples, n))
 
 
-def _counts(idx: np.ndarray, n: int) -> np.ndarray:
+def resample_counts(idx: np.ndarray, n: int) -> np.ndarray:
     """[resamples, n] how often each observation is drawn: resampled sums become one matrix product."""
     counts = np.zeros((idx.shape[0], n))
     np.add.at(counts, (np.arange(idx.shape[0])[:, None], idx), 1.0)

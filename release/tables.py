@@ -17,12 +17,12 @@ from release.evaluate import RESULTS, YARDSTICKS
 from release.io import atomic_write, write_json
 from release.stats import (
     PerObservation,
-    _counts,
     attribution,
     gate,
     overall,
     paired_difference,
     per_observation,
+    resample_counts,
     resample_indices,
     summarize,
 )
@@ -103,7 +103,7 @@ def build_tables(request: TablesRequest) -> dict[str, pd.DataFrame]:
     for r in results:
         n = r.per_obs.n
         if n not in counts_cache:
-            counts_cache[n] = _counts(resample_indices(n, request.resamples, BOOTSTRAP_SEED), n)
+            counts_cache[n] = resample_counts(resample_indices(n, request.resamples, BOOTSTRAP_SEED), n)
         counts = counts_cache[n]
         s = summarize(r.per_obs, counts)
         compile_ys = _yardstick(request.dist, "compile", r.split)
@@ -128,7 +128,7 @@ def build_tables(request: TablesRequest) -> dict[str, pd.DataFrame]:
                             ("seed", "BF16 seed vs BF16 other seed (yardstick)")):
             ys, compile_ys = _yardstick(request.dist, kind, split), _yardstick(request.dist, "compile", split)
             if ys is not None and compile_ys is not None:
-                counts = _counts(resample_indices(ys.n, request.resamples, BOOTSTRAP_SEED), ys.n)
+                counts = resample_counts(resample_indices(ys.n, request.resamples, BOOTSTRAP_SEED), ys.n)
                 s = summarize(ys, counts)
                 records.append({"build": f"yardstick-{kind}", "title": title, "delivered": False,
                                 "path": "yardstick", "split": split, **asdict(s), "gate": None,

@@ -9,12 +9,12 @@ import pytest
 from scipy import stats as sps
 
 from release.stats import (
-    _counts,
     attribution,
     gate,
     overall,
     paired_difference,
     per_observation,
+    resample_counts,
     resample_indices,
     summarize,
     wilson,
@@ -51,7 +51,7 @@ def _data(seed: int, n: int = 32, scale: float = 0.05) -> tuple[np.ndarray, np.n
 def test_metrics_by_definition() -> None:
     ref, cand, sigma = _data(1)
     po = per_observation(ref, cand, sigma)
-    s = summarize(po, _counts(resample_indices(po.n, 1000, 0), po.n))
+    s = summarize(po, resample_counts(resample_indices(po.n, 1000, 0), po.n))
     e = (cand - ref) / sigma
     assert s.overall_sigma == pytest.approx(math.sqrt((e**2).mean()))
     assert s.joint_mae_deg == pytest.approx(np.degrees(np.abs(cand - ref)[..., :7]).mean())
@@ -67,7 +67,7 @@ def test_bootstrap_matches_scipy() -> None:
     """Our vectorised percentile bootstrap vs scipy.stats.bootstrap on the same statistic (different draws)."""
     ref, cand, sigma = _data(2)
     po = per_observation(ref, cand, sigma)
-    ours = summarize(po, _counts(resample_indices(po.n, 10_000, 0), po.n)).overall_ci
+    ours = summarize(po, resample_counts(resample_indices(po.n, 10_000, 0), po.n)).overall_ci
     per = 32 * 8
 
     def stat(sq: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -82,7 +82,7 @@ def test_resample_counts_equal_explicit_resampling() -> None:
     ref, cand, sigma = _data(3)
     po = per_observation(ref, cand, sigma)
     idx = resample_indices(po.n, 50, 7)
-    vectorised = overall(po, _counts(idx, po.n))
+    vectorised = overall(po, resample_counts(idx, po.n))
     e2 = (((cand - ref) / sigma) ** 2)
     explicit = [math.sqrt(e2[i].mean()) for i in idx]
     assert np.allclose(vectorised, explicit)
@@ -92,7 +92,7 @@ def test_paired_difference_and_bonferroni() -> None:
     ref, cand, sigma = _data(4)
     better = ref + (cand - ref) * 0.5
     po_base, po_better = per_observation(ref, cand, sigma), per_observation(ref, better, sigma)
-    counts = _counts(resample_indices(32, 10_000, 0), 32)
+    counts = resample_counts(resample_indices(32, 10_000, 0), 32)
     one = paired_difference(po_better, po_base, counts)
     many = paired_difference(po_better, po_base, counts, comparisons=20)
     assert one["diff"] < 0 and one["ci"][1] < 0 and one["p"] < 0.001  # type: ignore[index,operator]
