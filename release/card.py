@@ -8,6 +8,7 @@ messages.po`` (compiled in memory), numbers and dates are formatted by Babel for
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import io
 import json
 import traceback
@@ -43,6 +44,7 @@ def supported_languages() -> list[str]:
     return [SOURCE_LANG, *sorted(p.name for p in LOCALES.iterdir() if (p / "LC_MESSAGES" / "messages.po").is_file())]
 
 
+@functools.cache
 def translations(lang: str) -> NullTranslations:
     if lang == SOURCE_LANG:
         return NullTranslations()
@@ -352,10 +354,8 @@ def render_card(release: ReleaseConfig, build: BuildConfig, folder: Path, record
     return text
 
 
-def card_files(request: CardRequest) -> dict[Path, str | bytes]:
+def card_files(request: CardRequest, records: list[dict[str, Any]]) -> dict[Path, str | bytes]:
     """Every file the cards add to each build folder (README per language, LICENSE); plots are written apart."""
-    tables = _read(request.dist / "tables" / "tables.json", "fidelity tables", "release tables")
-    records = tables["records"]
     files: dict[Path, str | bytes] = {}
     for build in request.builds:
         folder = request.dist / build.repo
@@ -369,10 +369,10 @@ def card_files(request: CardRequest) -> dict[Path, str | bytes]:
 
 
 def render_cards(request: CardRequest) -> list[Path]:
-    files = card_files(request)
+    records = _read(request.dist / "tables" / "tables.json", "fidelity tables", "release tables")["records"]
+    files = card_files(request, records)
     if request.check:
         return sorted(files)
-    records = _read(request.dist / "tables" / "tables.json", "fidelity tables", "release tables")["records"]
     for build in request.builds:
         for lang in request.langs:
             forest_plot(records, build.gate.overall_sigma, lang, request.dist / build.repo / f"forest.{lang}.png")

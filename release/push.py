@@ -92,10 +92,6 @@ def is_lfs(path: str, size: int) -> bool:
     return size >= LFS_THRESHOLD or path.endswith(LFS_SUFFIXES)
 
 
-def git_blob_sha1(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 class HashCache:
     """sha256 / git blob sha1 of local files, cached by absolute path, size and mtime (a JSON file)."""
 
