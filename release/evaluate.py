@@ -32,7 +32,7 @@ Split = Literal["calibration", "validation", "all"]
 RESULTS = "results"
 YARDSTICKS = "yardsticks"
 SEEDS_YARDSTICK = (4, 4)  # observations x seeds
-EMULATION = "fp8-gemm-emulation/2"  # input quotient in fp32, as ModelOpt's compiled _to_fp8
+EMULATION = "fp8-gemm-emulation/3"  # fp32 input quotient; Hopper's fast-accumulation arithmetic
 
 
 @dataclass(frozen=True)
@@ -80,37 +80,95 @@ def select(observations: list[Observation], release: ReleaseConfig, split: str) 
     return chosen
 
 
-def _emulated_fp8_forward(self: Any, input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """ModelOpt's FP8 per-tensor GEMM (``fp8_per_tensor_gemm``) in CPU arithmetic.
+def _fp8_exponents(codes: torch.Tensor) -> torch.Tensor:
+    """The E4M3 exponent each code's significand is aligned with (subnormals and zero: -6), as int32."""
+    field = (codes.view(torch.uint8).to(torch.int32) >> 3) & 0xF
+    return field.clamp(min=1) - 7
+
+
+def _exponent(x: torch.Tensor) -> torch.Tensor:
+    """floor(log2 |x|) of normal fp32 values from their bits (zero: -127)."""
+    return ((x.view(torch.int32) >> 23) & 0xFF) - 127
+
+
+def _pow2(n: torch.Tensor) -> torch.Tensor:
+    """2 ** n as fp32, built from its bits so that it is exact on every device (n in [-126, 127])."""
+    return ((n + 127) << 23).view(torch.float32)
+
+
+def hopper_fp8_accumulate(a: torch.Tensor, b: torch.Tensor, chunk_rows: int = 64) -> torch.Tensor:
+    """``a @ b.T`` for FP8 E4M3 codes a [M, K] and b [N, K] as an H100/H200 FP8 tensor core with fast accumulation
+    computes it (what ``torch._scaled_mm(..., use_fast_accum=True)`` returns at unit scales), as fp32.
+
+    Model, fitted to and checked against the H200 bit for bit (``bench/gpu_accum_record.py``, ``BENCHMARKS.md``):
+    K is taken 32 at a time (one ``wgmma`` k-step) in order. Each step aligns its 32 exact products and the running
+    accumulator to the largest of the products' exponent sums and the accumulator's exponent, truncates every term
+    toward zero at 13 bits below that exponent, adds them exactly, and truncates the sum toward zero to 13 bits
+    after its leading bit. Every operation here is exact in fp32, so a CPU and a GPU give the same bits. cuBLAS may
+    split a long K across thread blocks (it did for 64 x 12288 x 256); that reduction is not modelled.
+    """
+    m, k = a.shape
+    out = torch.zeros(m, b.shape[0], dtype=torch.float32, device=a.device)
+    af, bf = a.float(), b.float()
+    ea, eb = _fp8_exponents(a), _fp8_exponents(b)
+    for r0 in range(0, m, chunk_rows):  # bounds the [rows, N, 32] products in memory
+        rows = slice(r0, r0 + chunk_rows)
+        acc = out[rows]
+        for k0 in range(0, k, 32):
+            cols = slice(k0, k0 + 32)
+            products = af[rows, None, cols] * bf[None, :, cols]  # exact: 4-bit x 4-bit significands
+            top = torch.maximum((ea[rows, None, cols] + eb[None, :, cols]).amax(-1), _exponent(acc))
+            unit = _pow2(13 - top)  # terms in units of 2^(top - 13), then truncated: exact integers below 2^21
+            total = (products * unit[..., None]).trunc().sum(-1) + (acc * unit).trunc()
+            lead = torch.where(total == 0, 0, _exponent(total))
+            total = (total * _pow2(13 - lead)).trunc() * _pow2(lead - 13)
+            acc = total * _pow2(top - 13)
+        out[rows] = acc
+    return out
+
+
+def emulated_fp8_gemm(codes: torch.Tensor, weight: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                      bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """``torch._scaled_mm(codes, weight.T, scale_a, scale_b, bias, out_dtype=dtype, use_fast_accum=True)`` on an
+    H100/H200: the codes accumulated as its tensor cores do, then cuBLAS's epilogue (times scale_a * scale_b, plus
+    the bias, in fp32), rounded once to ``dtype``."""
+    out = hopper_fp8_accumulate(codes, weight) * (scale_a * scale_b)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(dtype)
+
+
+def emulated_fp8_forward(self: Any, input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """ModelOpt's FP8 per-tensor GEMM (``fp8_per_tensor_gemm``) in exact arithmetic that runs anywhere.
 
     scale_a = amax_in / 448 and scale_b = amax_w / 448 in fp32; the input is divided by scale_a in fp32 (ModelOpt's
-    ``torch.compile``d ``_to_fp8`` does not round the quotient to bf16), clamped and cast to FP8: these codes equal
-    the GPU's bit for bit (measured on an H200). The FP8 x FP8 products are accumulated in fp32 and scaled by
-    scale_a * scale_b; Hopper's tensor cores accumulate with less precision, so outputs differ from the GPU by a
-    few bf16 ulps (``bench/gpu_gemm_probe.py``).
+    ``torch.compile``d ``_to_fp8`` does not round the quotient to bf16), clamped and cast to FP8, then multiplied
+    as ``torch._scaled_mm`` with fast accumulation does on Hopper (``emulated_fp8_gemm``).
     """
-    reciprocal = torch.tensor(1.0 / 448.0, dtype=torch.float32)
+    reciprocal = torch.tensor(1.0 / 448.0, dtype=torch.float32, device=input.device)
     scale_a = self.input_quantizer.amax.float() * reciprocal
     scale_b = self.weight_quantizer.amax.float() * reciprocal
-    x = (input.float() / scale_a).clamp(-448, 448).to(torch.float8_e4m3fn)
-    out = (x.float() @ self.weight.data.float().T) * (scale_a * scale_b)
-    if self.bias is not None:
-        out = out + self.bias.float()
-    return out.to(input.dtype)
+    codes = (input.float() / scale_a).clamp(-448, 448).to(torch.float8_e4m3fn)
+    out = emulated_fp8_gemm(codes.reshape(-1, codes.shape[-1]), self.weight.data, scale_a, scale_b, self.bias,
+                            input.dtype)
+    return out.reshape(*input.shape[:-1], out.shape[-1])
 
 
-def deployed_transformer(folder: Path) -> torch.nn.Module:
-    """The exported build through diffusers; on a CPU its FP8 Linears run the GEMM's arithmetic emulated."""
+def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.Module:
+    """The exported build through diffusers. Its FP8 Linears run ModelOpt's FP8 GEMM on CUDA, or its arithmetic
+    emulated (``emulate``: by default where there is no CUDA; on a GPU, to show the two equal)."""
     from release.export import load_build_transformer, quantized_linears
 
     model = load_build_transformer(folder)
-    if torch.cuda.is_available():
-        # ModelOpt 0.47 never imports its FP8 GEMM backend; importing it registers the kernel before the first call.
-        import modelopt.torch.quantization.backends.fp8_per_tensor_gemm  # noqa: F401
-    else:
+    if emulate is None:
+        emulate = not torch.cuda.is_available()
+    if emulate:
         for name in quantized_linears(model):
             module = model.get_submodule(name)
-            module.forward = types.MethodType(_emulated_fp8_forward, module)
+            module.forward = types.MethodType(emulated_fp8_forward, module)
+    else:
+        # ModelOpt 0.47 never imports its FP8 GEMM backend; importing it registers the kernel before the first call.
+        import modelopt.torch.quantization.backends.fp8_per_tensor_gemm  # noqa: F401
     return model
 
 

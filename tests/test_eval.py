@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
+from release.evaluate import emulated_fp8_forward, emulated_fp8_gemm, hopper_fp8_accumulate
 from tests.conftest import invoke
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -89,3 +92,49 @@ def test_eval_and_tables_errors(evaluated: Path, tiny: Path, tmp_path: Path) -> 
     assert result.exit_code == 2 and "has no results" in result.output and "release eval rtn_hist" in result.output
     result = invoke("eval", "rtn_hist", "--dist", evaluated, "--source", tiny / "source")
     assert result.exit_code == 2 and "run 'release build rtn_hist' first" in result.output
+
+
+H200 = np.load(Path(__file__).parent / "data" / "h200_fp8_gemm.npz")  # made by bench/gpu_accum_record.py
+GEMMS = sorted({k.split("/")[1] for k in H200.files if k.startswith("gemm/")})
+MODULES = sorted({k.split("/")[1] for k in H200.files if k.startswith("module/")})
+
+
+def _fp8(name: str) -> torch.Tensor:
+    return torch.from_numpy(H200[name]).view(torch.float8_e4m3fn)
+
+
+def _bf16(name: str) -> torch.Tensor:
+    return torch.from_numpy(H200[name]).view(torch.bfloat16)
+
+
+@pytest.mark.parametrize("shape", GEMMS)
+def test_accumulation_equals_the_h200(shape: str) -> None:
+    """The tensor-core model gives the H200's fp32 accumulator bit for bit; an exact fp32 matmul does not."""
+    a, b = _fp8(f"gemm/{shape}/a"), _fp8(f"gemm/{shape}/b")
+    h200 = torch.from_numpy(H200[f"gemm/{shape}/acc_fast"])
+    assert torch.equal(hopper_fp8_accumulate(a, b), h200)
+    assert (a.float() @ b.float().T != h200).float().mean() > 0.5
+
+
+@pytest.mark.parametrize("shape", GEMMS)
+def test_gemm_epilogue_equals_the_h200(shape: str) -> None:
+    """Scales and bias as cuBLAS's epilogue applies them: bf16 outputs equal, with and without a bias."""
+    a, b = _fp8(f"gemm/{shape}/a"), _fp8(f"gemm/{shape}/b")
+    scale_a, scale_b = (torch.tensor(s) for s in H200[f"gemm/{shape}/scales"])
+    bias = _bf16(f"gemm/{shape}/bias")
+    plain = emulated_fp8_gemm(a, b, scale_a, scale_b, None, torch.bfloat16)
+    biased = emulated_fp8_gemm(a, b, scale_a, scale_b, bias, torch.bfloat16)
+    assert torch.equal(plain, _bf16(f"gemm/{shape}/bf16_fast"))
+    assert torch.equal(biased, _bf16(f"gemm/{shape}/bf16_bias_fast"))
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_deployed_linear_equals_modelopt_gemm_on_the_h200(name: str) -> None:
+    """A quantized Linear of the tiny RTN build, fed the bf16 input it got in a rollout on the H200: the emulated
+    forward (input quantization, accumulation, epilogue) returns the bf16 output of ModelOpt's FP8 GEMM there."""
+    amax_in, amax_w = (torch.tensor(v).to(torch.bfloat16) for v in H200[f"module/{name}/amax"])
+    module = types.SimpleNamespace(input_quantizer=types.SimpleNamespace(amax=amax_in),
+                                   weight_quantizer=types.SimpleNamespace(amax=amax_w),
+                                   weight=_fp8(f"module/{name}/weight"), bias=None)
+    out = emulated_fp8_forward(module, _bf16(f"module/{name}/input"))
+    assert torch.equal(out, _bf16(f"module/{name}/output"))
