@@ -125,10 +125,10 @@ def verify(names: tuple[str, ...], dist: Path, reference: Path | None, source: P
 def eval_(names: tuple[str, ...], path_: str, split: str, dist: Path, source: Path | None,
           observations: Path | None, yardsticks: bool) -> None:
     """Replay the policy for BF16 and each build on the same seeds; store the action chunks."""
-    from release.evaluate import EvalRequest, run_eval
+    from release.evaluate import EvalRequest, describe, run_eval
 
     for out in run_eval(EvalRequest.create(names, path_, split, dist, source, observations, yardsticks)):
-        click.echo(f"results: {out}")
+        click.echo(f"results: {out} ({describe(out)})")
 
 
 @main.command("import-served")
@@ -139,9 +139,10 @@ def eval_(names: tuple[str, ...], path_: str, split: str, dist: Path, source: Pa
 @click.option("--observations", type=click.Path(path_type=Path), default=None)
 def import_served_(name: str, file: Path, dist: Path, source: Path | None, observations: Path | None) -> None:
     """Take a policy server's results (npz) as the build's 'served' path."""
-    from release.evaluate import import_served
+    from release.evaluate import describe, import_served
 
-    click.echo(f"results: {import_served(name, file, dist, observations, source)}")
+    out = import_served(name, file, dist, observations, source)
+    click.echo(f"results: {out} ({describe(out)})")
 
 
 @main.command()

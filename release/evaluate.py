@@ -239,12 +239,27 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
 
 def save_results(path: Path, reference: np.ndarray, candidate: np.ndarray, observations: list[Observation],
                  seeds: list[int], sigma: np.ndarray) -> None:
+    """The action chunks with each observation's metrics (domain notes §5); ``release tables`` adds the intervals."""
     import io
 
+    from release.stats import JOINTS, per_observation
+
+    po = per_observation(reference, candidate, sigma)
     buf = io.BytesIO()
     np.savez(buf, reference=reference, candidate=candidate, obs_ids=np.array([o.obs_id for o in observations]),
-             seeds=np.array(seeds), labs=np.array([o.lab for o in observations]), sigma=sigma)
+             seeds=np.array(seeds), labs=np.array([o.lab for o in observations]), sigma=sigma,
+             overall_sigma=np.sqrt(po.sq_err / (po.steps * po.dims)), joint_mae_deg=po.abs_joint_deg / (
+                 po.steps * JOINTS), gripper_agree=po.grip_agree.astype(np.int64), max_err_sigma=po.max_err)
     atomic_write(path, buf.getvalue())
+
+
+def describe(path: Path) -> str:
+    """One line of a results file's point estimates over all its observations."""
+    data = np.load(path)
+    steps = data["candidate"].shape[0] * data["candidate"].shape[1]
+    return (f"{len(data['obs_ids'])} observations, overall {np.sqrt(np.mean(data['overall_sigma'] ** 2)):.4f} "
+            f"sigma, joint MAE {np.mean(data['joint_mae_deg']):.3f} deg, gripper {int(data['gripper_agree'].sum())}"
+            f"/{steps} steps agree")
 
 
 def run_eval(request: EvalRequest) -> list[Path]:

@@ -37,6 +37,13 @@ def test_results_hold_every_chunk(evaluated: Path, tiny: Path) -> None:
     assert not np.array_equal(deployed["candidate"], data["candidate"])  # kernel arithmetic vs fake quant
     seeds = np.load(evaluated / "yardsticks" / "seed-validation.npz")
     assert seeds["reference"].shape == (16, 32, 8) and len(set(seeds["seeds"])) == 4
+    # each observation's metrics stored beside its chunks, recomputed here from the definitions
+    diff = data["candidate"].astype(np.float64) - data["reference"]
+    assert np.allclose(data["overall_sigma"], np.sqrt(((diff / data["sigma"]) ** 2).mean(axis=(1, 2))))
+    assert np.allclose(data["joint_mae_deg"], np.degrees(np.abs(diff[..., :7])).mean(axis=(1, 2)))
+    agree = (data["candidate"][..., 7] >= 0.5) == (data["reference"][..., 7] >= 0.5)
+    assert np.array_equal(data["gripper_agree"], agree.sum(axis=1))
+    assert np.allclose(data["max_err_sigma"], np.abs(diff / data["sigma"]).max(axis=(1, 2)))
 
 
 def test_tables(evaluated: Path) -> None:
@@ -66,6 +73,7 @@ def test_import_served(evaluated: Path, tiny: Path, tmp_path: Path) -> None:
     common = ["--dist", evaluated, "--source", tiny / "source", "--observations", tiny / "observations"]
     result = invoke("import-served", "rtn", good, *common)
     assert result.exit_code == 0, result.output
+    assert "(16 observations, overall " in result.output and "/512 steps agree)" in result.output
     tables = invoke("tables", "rtn", "--dist", evaluated, "--resamples", "500", "--out", tmp_path / "t")
     assert tables.exit_code == 0, tables.output
     served = [r for r in json.loads((tmp_path / "t" / "tables.json").read_text())["records"] if r["path"] == "served"]
