@@ -96,7 +96,7 @@ def _pow2(n: torch.Tensor) -> torch.Tensor:
     return ((n + 127) << 23).view(torch.float32)
 
 
-def hopper_fp8_accumulate(a: torch.Tensor, b: torch.Tensor, chunk_rows: int = 64) -> torch.Tensor:
+def hopper_fp8_accumulate(a: torch.Tensor, b: torch.Tensor, max_elements: int = 1 << 22) -> torch.Tensor:
     """``a @ b.T`` for FP8 E4M3 codes a [M, K] and b [N, K] as an H100/H200 FP8 tensor core with fast accumulation
     computes it (what ``torch._scaled_mm(..., use_fast_accum=True)`` returns at unit scales), as fp32.
 
@@ -111,8 +111,9 @@ def hopper_fp8_accumulate(a: torch.Tensor, b: torch.Tensor, chunk_rows: int = 64
     out = torch.zeros(m, b.shape[0], dtype=torch.float32, device=a.device)
     af, bf = a.float(), b.float()
     ea, eb = _fp8_exponents(a), _fp8_exponents(b)
-    for r0 in range(0, m, chunk_rows):  # bounds the [rows, N, 32] products in memory
-        rows = slice(r0, r0 + chunk_rows)
+    chunk = max(1, max_elements // (32 * b.shape[0]))  # rows per pass: bounds the [rows, N, 32] products in memory
+    for r0 in range(0, m, chunk):
+        rows = slice(r0, r0 + chunk)
         acc = out[rows]
         for k0 in range(0, k, 32):
             cols = slice(k0, k0 + 32)

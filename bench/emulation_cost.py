@@ -1,0 +1,40 @@
+"""CPU cost of the exact FP8 GEMM emulation of ``--path deployed``: warm tiny rollouts with the Hopper model vs an
+exact fp32 matmul of the same codes (which is what the emulation did before it modelled the tensor cores).
+
+Usage: .venv/bin/python bench/emulation_cost.py FIXTURE_DIR BUILD_DIR   (e.g. demo/fixture demo/dist/<rtn repo>)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import release.evaluate as ev
+from release.config import load_release
+from release.observations import load_observations
+from release.policy import load_pipeline, rollout
+
+
+def main(fixture: Path, build: Path, n: int = 4) -> None:
+    release = load_release()
+    observations = load_observations(fixture / "observations")[:n]
+    pipe = load_pipeline(fixture / "source", release.policy, transformer=ev.deployed_transformer(build))
+    for obs in observations:  # warm-up: the VAE encodes of the observations are memoised
+        rollout(pipe, obs, release.policy, mixed_precision_format="none")
+    exact = ev.hopper_fp8_accumulate
+    variants = {"Hopper model (exact)": exact, "fp32 matmul": lambda a, b: a.float() @ b.float().T}
+    print(f"torch threads: {torch.get_num_threads()}\n\n| FP8 GEMM accumulation | s per warm rollout |\n|---|---:|")
+    for label, fn in variants.items():
+        ev.hopper_fp8_accumulate = fn
+        start = time.perf_counter()
+        for obs in observations:
+            rollout(pipe, obs, release.policy, mixed_precision_format="none")
+        print(f"| {label} | {(time.perf_counter() - start) / n:.2f} |")
+    ev.hopper_fp8_accumulate = exact
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
