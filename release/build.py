@@ -77,10 +77,11 @@ def capture_calibration(request: BuildRequest, observations: list[Observation], 
     One file per observation under a folder keyed by source revision, observation set and policy settings, so an
     interrupted capture resumes where it stopped and a changed input captures anew.
     """
-    from release.policy import capture_calls, load_pipeline, rollout, settings_digest
+    from release.policy import capture_calls, compute_device, load_pipeline, rollout, settings_digest
 
-    key = hashlib.sha256(
-        f"{revision}|{observation_set_digest(request.observations)}|{settings_digest(request.release.policy)}".encode()
+    key = hashlib.sha256(  # CPU and GPU rollouts differ in bf16: their captures are kept apart
+        f"{revision}|{observation_set_digest(request.observations)}|{settings_digest(request.release.policy)}|"
+        f"{compute_device()}".encode()
     ).hexdigest()[:20]
     folder = request.cache / "calibration" / key
     folder.mkdir(parents=True, exist_ok=True)
@@ -161,6 +162,15 @@ def _git_commit() -> str:
     return out.stdout.strip()
 
 
+def _device_name() -> str:
+    """Where the build ran, first word ``cpu`` or ``cuda``: verification recomputes the codes in its arithmetic."""
+    from release.policy import compute_device
+
+    if compute_device() == "cuda":
+        return f"cuda ({torch.cuda.get_device_name()})"
+    return f"cpu ({platform.machine()})"
+
+
 def _build_date() -> str:
     """UTC build time; ``SOURCE_DATE_EPOCH`` pins it for reproducible outputs."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
@@ -206,7 +216,7 @@ def run_builds(request: BuildRequest) -> bool:
                 "tool": {"name": "release", "version": __version__, "commit": _git_commit()},
                 "versions": {"modelopt": modelopt.__version__, "torch": torch.__version__,
                              "diffusers": diffusers.__version__, "python": platform.python_version()},
-                "device": f"cpu ({platform.machine()})",
+                "device": _device_name(),
                 "seeds": {"noise_seed": request.release.policy.noise_seed},
                 "policy": request.release.policy.model_dump(),
                 "calibration": {"observations": len(calibration), "calls": len(calls),

@@ -56,23 +56,22 @@ def _quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-@main.group()
-def fixture() -> None:
-    """Write embedded stand-ins for the real model and data."""
-
-
-@fixture.command("tiny")
+@main.command()
+@click.argument("size", type=click.Choice(["tiny", "nano"]))
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Folder to create.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and observations.")
 @click.option("--observations", "n_obs", type=click.IntRange(1, 10_000), default=32, show_default=True,
               help="Observations from the calibration labs.")
 @click.option("--heldout", type=click.IntRange(0, 10_000), default=16, show_default=True,
               help="Observations from the held-out labs.")
-def fixture_tiny(out: Path, seed: int, n_obs: int, heldout: int) -> None:
-    """A tiny Cosmos3OmniTransformer checkpoint (real architecture) and synthetic DROID observations."""
-    from release.fixture import write_tiny
+def fixture(size: str, out: Path, seed: int, n_obs: int, heldout: int) -> None:
+    """A Cosmos3OmniTransformer checkpoint (the real architecture) and synthetic DROID observations.
 
-    paths = write_tiny(out, seed=seed, n_obs=n_obs, heldout=heldout)
+    tiny: 565k parameters, runs on a CPU. nano: the 15.7B model's sizes with random weights (31 GB; for speed and
+    scale runs, best on a GPU with 80 GB)."""
+    from release.fixture import write_fixture
+
+    paths = write_fixture(out, size=size, seed=seed, n_obs=n_obs, heldout=heldout)
     click.echo(f"source:       {paths['source']} (revision {paths['revision'][:12]})")
     click.echo(f"observations: {paths['observations']}")
 

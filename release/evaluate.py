@@ -157,12 +157,13 @@ def emulated_fp8_forward(self: Any, input: torch.Tensor, *args: Any, **kwargs: A
 
 def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.Module:
     """The exported build through diffusers. Its FP8 Linears run ModelOpt's FP8 GEMM on CUDA, or its arithmetic
-    emulated (``emulate``: by default where there is no CUDA; on a GPU, to show the two equal)."""
+    emulated (``emulate``: by default where models run on the CPU; on a GPU, to show the two equal)."""
     from release.export import load_build_transformer, quantized_linears
+    from release.policy import compute_device
 
     model = load_build_transformer(folder)
     if emulate is None:
-        emulate = not torch.cuda.is_available()
+        emulate = compute_device() != "cuda"
     if emulate:
         for name in quantized_linears(model):
             module = model.get_submodule(name)
@@ -214,9 +215,9 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
     from rich.progress import Progress
 
     from release.build import observation_set_digest
-    from release.policy import load_pipeline, rollout, settings_digest
+    from release.policy import compute_device, load_pipeline, rollout, settings_digest
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # CPU and GPU rollouts differ: cache them apart
+    device = compute_device()  # CPU and GPU rollouts differ: cache them apart
     folder = request.cache / "rollouts" / _key(label, device, source_revision(request.source),
                                                observation_set_digest(request.observations),
                                                settings_digest(request.release.policy))
@@ -225,8 +226,6 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
     todo = [i for i, p in enumerate(paths) if not p.is_file()]
     if todo:
         pipe = load_pipeline(request.source, request.release.policy, transformer=make_transformer())
-        if device == "cuda":  # the deployed path then runs ModelOpt's FP8 GEMM
-            pipe.to("cuda")
         with Progress(transient=True) as progress:
             task = progress.add_task(f"rollouts: {label}", total=len(todo))
             for i in todo:

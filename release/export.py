@@ -81,10 +81,14 @@ def quantize(source: Path, build: BuildConfig, calls: list[dict[str, Any]],
     import modelopt.torch.quantization as mtq
     from diffusers import Cosmos3OmniTransformer
 
+    from release.policy import compute_device, map_tensors
     from release.recipes import Observer, input_hooks, smooth
 
+    device = compute_device()
     model = Cosmos3OmniTransformer.from_pretrained(str(source / "transformer"), dtype=torch.bfloat16).eval()
+    model.to(device)
     _check_finite(model, source)
+    calls, algorithm_calls = ([map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm_calls))
     result = Quantized(model)
     if build.recipe == "smoothquant":
         result.alpha_table, result.smoothing_scales = smooth(model, build, algorithm_calls)
@@ -185,7 +189,7 @@ def export_build(quantized: Quantized, build: BuildConfig, source: Path, out: Pa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mtq.compress(model)  # FP8 codes = (w / (amax / 448)) with the quotient in bf16, as ModelOpt's GEMM expects
-    state = {k: v.detach().as_subclass(torch.Tensor).contiguous() for k, v in model.state_dict().items()}
+    state = {k: v.detach().as_subclass(torch.Tensor).contiguous().cpu() for k, v in model.state_dict().items()}
     for name in names:
         module: Any = model.get_submodule(name)  # a ModelOpt QuantLinear
         if state[f"{name}.weight"].dtype != torch.float8_e4m3fn:
@@ -193,13 +197,13 @@ def export_build(quantized: Quantized, build: BuildConfig, source: Path, out: Pa
         if emulate:
             codes, scale = fp8_weight_codes(bf16_weights[name], module.weight_quantizer._amax, build.arithmetic)
             state[f"{name}.weight"], state[f"{name}.weight_quantizer._scale"] = codes, scale
-        state[f"{name}.weight_scale"] = (module.weight_quantizer._amax.float() / FP8_MAX).reshape(())
-        state[f"{name}.input_scale"] = (module.input_quantizer._amax.float() / FP8_MAX).reshape(())
+        state[f"{name}.weight_scale"] = (module.weight_quantizer._amax.float().cpu() / FP8_MAX).reshape(())
+        state[f"{name}.input_scale"] = (module.input_quantizer._amax.float().cpu() / FP8_MAX).reshape(())
         for key in (f"{name}.weight_scale", f"{name}.input_scale"):
             if not (torch.isfinite(state[key]) and state[key] > 0):
                 raise ReleaseError(f"tensor {key} is {state[key].item()}; calibration saw no finite, non-zero data")
     if quantized.smoothing_scales:
-        save_file({k: v.float().contiguous() for k, v in sorted(quantized.smoothing_scales.items())},
+        save_file({k: v.float().cpu().contiguous() for k, v in sorted(quantized.smoothing_scales.items())},
                   str(out / SMOOTHING_SIDECAR), metadata={"format": "pt"})
 
     tdir = out / "transformer"

@@ -1,8 +1,9 @@
-"""``release fixture tiny``: a tiny checkpoint of the real Cosmos3 architecture and DROID-like observations.
+"""``release fixture tiny|nano``: a checkpoint of the real Cosmos3 architecture and DROID-like observations.
 
 The checkpoint is the diffusers folder layout of ``nvidia/Cosmos3-Nano-Policy-DROID`` built from the real
 ``Cosmos3OmniTransformer`` class with a tiny config and weights from a fixed seed, so every later stage runs the
-same code as on the 15.7B model. Its revision is a content hash of the files.
+same code as on the 15.7B model; ``nano`` writes the 15.7B model's own sizes with random weights, for speed and scale
+runs on a GPU. Its revision is a content hash of the files.
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from release import ReleaseError
-from release.io import atomic_dir, write_json
+from release.io import atomic_dir, sha256_file, write_json
 from release.observations import LABS, write_observations
 
 # diffusers' Cosmos3OmniTransformer at a size a 2-core CPU runs in milliseconds (domain notes §9).
@@ -58,14 +60,24 @@ CHAT_TEMPLATE = (
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-SHARD_SIZE = "400KB"  # small enough that the tiny transformer is written as several shards
+# The full Nano: diffusers' defaults are its sizes (domain notes §2); random weights, for speed and scale runs.
+NANO_TRANSFORMER = dict(action_gen=True, action_dim=64, num_embodiment_domains=32, sound_gen=False)
+NANO_VAE = {**TINY_VAE, "z_dim": 48, "latents_mean": [0.0] * 48, "latents_std": [1.0] * 48}  # Nano's 48 channels
+# transformer config, VAE config, shard size (the tiny one small enough to give several shards; Nano's as NVIDIA's)
+SIZES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    "tiny": (TINY_TRANSFORMER, TINY_VAE, "400KB"), "nano": (NANO_TRANSFORMER, NANO_VAE, "5GB")}
 
 
-def build_transformer(seed: int) -> torch.nn.Module:
+def build_transformer(seed: int, size: str = "tiny") -> torch.nn.Module:
+    """The transformer at ``size``: the tiny one on the CPU (its bytes define the fixture's revision), the Nano on
+    CUDA when present (15.7B parameters initialise in seconds there)."""
     from diffusers import Cosmos3OmniTransformer
 
+    from release.policy import compute_device
+
     torch.manual_seed(seed)
-    model = Cosmos3OmniTransformer(**TINY_TRANSFORMER)
+    with torch.device("cpu" if size == "tiny" else compute_device()):
+        model = Cosmos3OmniTransformer(**SIZES[size][0])
     with torch.no_grad():
         # nn.Embedding initialises N(0, 1): far too large for a per-domain weight matrix of 64 x 64.
         for head in (model.action_proj_in, model.action_proj_out):
@@ -108,11 +120,12 @@ def content_revision(root: Path) -> str:
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name != "fixture.json":
             h.update(p.relative_to(root).as_posix().encode())
-            h.update(hashlib.sha256(p.read_bytes()).digest())
+            h.update(bytes.fromhex(sha256_file(p)))
     return h.hexdigest()
 
 
-def write_tiny(out: Path, seed: int = 0, n_obs: int = 32, heldout: int = 16) -> dict[str, str]:
+def write_fixture(out: Path, size: str = "tiny", seed: int = 0, n_obs: int = 32,
+                  heldout: int = 16) -> dict[str, str]:
     """Write ``out/source`` (checkpoint) and ``out/observations`` (observation set); return their paths."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
 
@@ -120,11 +133,14 @@ def write_tiny(out: Path, seed: int = 0, n_obs: int = 32, heldout: int = 16) -> 
 
     if out.exists() and any(out.iterdir()):
         raise ReleaseError(f"{out}: folder exists and is not empty; choose another --out or remove it")
+    _, vae_config, shard_size = SIZES[size]
     torch.manual_seed(seed)
-    vae = AutoencoderKLWan(**TINY_VAE).eval()
+    vae = AutoencoderKLWan(**vae_config).eval()
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
+    transformer = build_transformer(seed, size)
     pipe = JointPositionPolicyPipeline(
-        transformer=build_transformer(seed),
+        # the pipeline writes its small components; a Nano transformer is written once, on its own, below
+        transformer=transformer if size == "tiny" else build_transformer(seed),
         text_tokenizer=build_tokenizer(instruction_corpus()),
         vae=vae,
         scheduler=scheduler,
@@ -136,12 +152,13 @@ def write_tiny(out: Path, seed: int = 0, n_obs: int = 32, heldout: int = 16) -> 
         # Sharded explicitly: once ModelOpt has patched ModelMixin.save_pretrained (enable_huggingface_checkpointing),
         # the pipeline no longer forwards max_shard_size to its components.
         shutil.rmtree(src / "transformer")
-        pipe.transformer.save_pretrained(src / "transformer", max_shard_size=SHARD_SIZE)
+        on_cpu: Any = transformer.to("cpu")
+        on_cpu.save_pretrained(src / "transformer", max_shard_size=shard_size)
         index = json.loads((src / "model_index.json").read_text())
         write_json(src / "model_index.json", {**index, "_class_name": "Cosmos3OmniPipeline"})  # the base repo's class
         _write_root_files(src)
         revision = content_revision(src)
-        write_json(src / "fixture.json", {"generator": "release fixture tiny", "seed": seed, "revision": revision})
+        write_json(src / "fixture.json", {"generator": f"release fixture {size}", "seed": seed, "revision": revision})
         write_observations(tmp / "observations", n=n_obs, seed=seed, labs=LABS, heldout=heldout)
     return {"source": str(out / "source"), "observations": str(out / "observations"), "revision": revision}
 

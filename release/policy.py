@@ -83,6 +83,21 @@ def instruction_corpus() -> list[str]:
     return [caption(w, view_point="concat_view", num_frames=33, fps=24.0, height=192, width=320) for w in words]
 
 
+DEVICE_ENV = "RELEASE_DEVICE"
+
+
+def compute_device() -> str:
+    """Where models run: ``RELEASE_DEVICE`` (``auto``, ``cpu`` or ``cuda``); ``auto`` takes CUDA when present."""
+    import os
+
+    wanted = os.environ.get(DEVICE_ENV, "auto")
+    if wanted not in ("auto", "cpu", "cuda"):
+        raise ReleaseError(f"{DEVICE_ENV}={wanted}: expected auto, cpu or cuda")
+    if wanted == "cuda" and not torch.cuda.is_available():
+        raise ReleaseError(f"{DEVICE_ENV}=cuda but torch sees no CUDA device; unset it to run on the CPU")
+    return "cuda" if wanted != "cpu" and torch.cuda.is_available() else "cpu"
+
+
 def load_pipeline(
     source: Path, settings: PolicySettings, transformer: torch.nn.Module | None = None
 ) -> JointPositionPolicyPipeline:
@@ -99,7 +114,7 @@ def load_pipeline(
         raise ReleaseError(f"{source}: cannot load the Cosmos3 pipeline: {str(exc).splitlines()[0]}") from exc
     pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=settings.shift)
     pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return pipe.to(compute_device())
 
 
 def observation_seed(settings: PolicySettings, obs: Observation) -> int:
@@ -147,7 +162,7 @@ def capture_calls(transformer: torch.nn.Module, sink: Callable[[dict[str, Any]],
     def hook(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if args:
             raise ReleaseError("the transformer was called with positional arguments; cannot record the call")
-        sink(_detach(kwargs))
+        sink(map_tensors(kwargs, lambda t: t.detach().to("cpu", copy=True)))  # stored device-independent
 
     handle = transformer.register_forward_pre_hook(hook, with_kwargs=True)
     try:
@@ -156,13 +171,14 @@ def capture_calls(transformer: torch.nn.Module, sink: Callable[[dict[str, Any]],
         handle.remove()
 
 
-def _detach(value: Any) -> Any:
+def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``fn`` applied to every tensor of a transformer call's (nested) keyword arguments."""
     if isinstance(value, torch.Tensor):
-        return value.detach().clone()
+        return fn(value)
     if isinstance(value, dict):
-        return {k: _detach(v) for k, v in value.items()}
+        return {k: map_tensors(v, fn) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_detach(v) for v in value)
+        return type(value)(map_tensors(v, fn) for v in value)
     return value
 
 

@@ -42,10 +42,10 @@ def invoke(*args: str | os.PathLike[str]) -> Result:
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``release fixture tiny`` output: ``source/`` and ``observations/``."""
-    from release.fixture import write_tiny
+    from release.fixture import write_fixture
 
     out = tmp_path_factory.mktemp("tiny") / "fixture"
-    write_tiny(out)
+    write_fixture(out)
     return out
 
 

@@ -101,6 +101,7 @@ def test_provenance(rtn_build: Path, tiny: Path) -> None:
     assert len(prov["calibration"]["sha256"]) == 64 and len(prov["config_sha256"]) == 64
     assert set(prov["versions"]) >= {"modelopt", "torch", "diffusers"}
     assert prov["tool"]["commit"] and prov["date"] and prov["quantized_linears"] == 28
+    assert prov["device"].split()[0] == "cpu"  # verification recomputes the codes in this device's arithmetic
 
 
 def test_loads_in_diffusers_and_rolls_out(rtn_build: Path, tiny: Path) -> None:
@@ -166,4 +167,19 @@ def test_mismatched_source_names_first_tensor(tiny: Path, tmp_path: Path) -> Non
     assert result.exit_code == 2
     assert "tensor layers.1.mlp.up_proj.weight has shape [128, 32]" in result.output
     assert "expects [128, 64]" in result.output
+    assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("tpu", "RELEASE_DEVICE=tpu: expected auto, cpu or cuda"),
+    pytest.param("cuda", "RELEASE_DEVICE=cuda but torch sees no CUDA device; unset it to run on the CPU",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")),
+])
+def test_device_setting_is_checked(value: str, message: str, tiny: Path, tmp_path: Path,
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELEASE_DEVICE", value)
+    monkeypatch.setenv("RELEASE_CACHE", str(tmp_path / "cache"))  # no capture cached: the device is asked for
+    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
     assert not (tmp_path / "dist").exists()

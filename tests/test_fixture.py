@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from release.fixture import content_revision, write_tiny
+from release.fixture import content_revision, write_fixture
 from release.observations import CALIBRATION_LABS, CAMERAS, HELDOUT_LABS, load_observations
 from release.source import check_architecture, read_headers
 
@@ -42,7 +42,7 @@ def test_real_architecture_names(tiny: Path) -> None:
 
 
 def test_deterministic_revision(tiny: Path, tmp_path: Path) -> None:
-    again = write_tiny(tmp_path / "again")
+    again = write_fixture(tmp_path / "again")
     recorded = json.loads((tiny / "source" / "fixture.json").read_text())["revision"]
     assert again["revision"] == recorded == content_revision(tiny / "source")
     assert (tmp_path / "again/observations/observations.jsonl").read_bytes() == \
