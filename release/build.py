@@ -74,8 +74,8 @@ def observation_set_digest(folder: Path) -> str:
 def capture_calibration(request: BuildRequest, observations: list[Observation], revision: str) -> Path:
     """Roll the BF16 policy out on the calibration observations and store every transformer call.
 
-    One file per observation under a folder keyed by source revision, observation set and policy settings, so an
-    interrupted capture resumes where it stopped and a changed input captures anew.
+    One file per observation under a folder keyed by source revision, observation set, policy settings and device,
+    so an interrupted capture resumes where it stopped and a changed input captures anew.
     """
     from release.policy import capture_calls, compute_device, load_pipeline, rollout, settings_digest
 
