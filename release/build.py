@@ -87,7 +87,10 @@ def capture_calibration(request: BuildRequest, observations: list[Observation], 
     folder.mkdir(parents=True, exist_ok=True)
     todo = [o for o in observations if not (folder / f"obs-{o.obs_id:05d}.pt").is_file()]
     if todo:
+        from release.export import check_finite
+
         pipe = load_pipeline(request.source, request.release.policy)
+        check_finite(pipe.transformer, request.source)
         with _progress() as progress:
             task = progress.add_task("capturing calibration calls", total=len(observations))
             progress.advance(task, len(observations) - len(todo))

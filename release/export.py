@@ -60,7 +60,8 @@ def quantized_linears_of(model: torch.nn.Module, build: BuildConfig) -> list[str
             if isinstance(module, torch.nn.Linear) and any(fnmatch.fnmatchcase(name, p) for p in build.quantized)]
 
 
-def _check_finite(model: torch.nn.Module, source: Path) -> None:
+def check_finite(model: torch.nn.Module, source: Path) -> None:
+    """A corrupt source fails here, naming the tensor, before a rollout or calibration turns NaN into noise."""
     for name, param in model.named_parameters():
         if not torch.isfinite(param).all():
             raise ReleaseError(f"{source}/transformer: tensor {name} holds NaN or Inf; the source is corrupt")
@@ -87,7 +88,7 @@ def quantize(source: Path, build: BuildConfig, calls: list[dict[str, Any]],
     device = compute_device()
     model = Cosmos3OmniTransformer.from_pretrained(str(source / "transformer"), dtype=torch.bfloat16).eval()
     model.to(device)
-    _check_finite(model, source)
+    check_finite(model, source)
     calls, algorithm_calls = ([map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm_calls))
     result = Quantized(model)
     if build.recipe == "smoothquant":

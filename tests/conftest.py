@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Iterator
+import shutil
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner, Result
 
 from tests.hub_server import FakeHub
@@ -31,6 +34,22 @@ def _isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         mp.delenv(var, raising=False)
     yield
     mp.undo()
+
+
+def edited_source(tiny: Path, out: Path, tensor: str, edit: Callable[[torch.Tensor], torch.Tensor]) -> Path:
+    """A copy of the tiny source at ``out`` whose transformer tensor ``tensor`` is replaced by ``edit(tensor)``."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(tiny / "source", out)
+    index = json.loads((out / "transformer" / "diffusion_pytorch_model.safetensors.index.json").read_text())
+    shard = out / "transformer" / index["weight_map"][tensor]
+    tensors = load_file(shard)
+    tensors[tensor] = edit(tensors[tensor]).contiguous()
+    with safe_open(str(shard), "pt") as f:
+        metadata = f.metadata()
+    save_file(tensors, str(shard), metadata=metadata)
+    return out
 
 
 def invoke(*args: str | os.PathLike[str]) -> Result:

@@ -198,23 +198,27 @@ class FakeHub:
         """History of ``branch`` (a branch, tag, ``refs/pr/N`` or commit id), oldest first."""
         with self._lock:
             repo = self._repo(repo_id)
-            out = []
-            cid: str | None = self._resolve(repo, branch)
-            while cid is not None:
-                c = repo.commits[cid]
-                out.append(
-                    {
-                        "id": c.id,
-                        "title": c.title,
-                        "message": c.message,
-                        "parent": c.parent,
-                        "date": c.date,
-                        "files": {p: e.blob_id for p, e in sorted(c.tree.items())},
-                        "lfs_files": {p: e.lfs_sha256 for p, e in sorted(c.tree.items()) if e.lfs_sha256},
-                    }
-                )
-                cid = c.parent
-            return out[::-1]
+            return [
+                {
+                    "id": c.id,
+                    "title": c.title,
+                    "message": c.message,
+                    "parent": c.parent,
+                    "date": c.date,
+                    "files": {p: e.blob_id for p, e in sorted(c.tree.items())},
+                    "lfs_files": {p: e.lfs_sha256 for p, e in sorted(c.tree.items()) if e.lfs_sha256},
+                }
+                for c in self._history(repo, branch)
+            ][::-1]
+
+    def _history(self, repo: Repo, revision: str) -> list[Commit]:
+        """The commits reachable from ``revision`` through first parents, newest first."""
+        out = []
+        cid: str | None = self._resolve(repo, revision)
+        while cid is not None:
+            out.append(repo.commits[cid])
+            cid = out[-1].parent
+        return out
 
     def files(self, repo_id: str, revision: str = "main") -> dict[str, bytes]:
         with self._lock:
@@ -778,21 +782,8 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(200, data)
 
     def _list_commits(self, repo: Repo, revision: str) -> None:
-        cid: str | None = self.fake._resolve(repo, revision)
-        out = []
-        while cid is not None:
-            c = repo.commits[cid]
-            out.append(
-                {
-                    "id": c.id,
-                    "title": c.title,
-                    "message": c.message,
-                    "date": c.date,
-                    "authors": [{"user": self.fake.user}],
-                }
-            )
-            cid = c.parent
-        self._json(200, out)
+        self._json(200, [{"id": c.id, "title": c.title, "message": c.message, "date": c.date,
+                          "authors": [{"user": self.fake.user}]} for c in self.fake._history(repo, revision)])
 
     def _preupload(self, repo: Repo, revision: str) -> None:
         hub = self.fake

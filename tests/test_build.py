@@ -3,21 +3,19 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from release.config import NANO_QUANTIZED, PolicySettings
 from release.export import load_build_transformer
 from release.observations import load_observations
 from release.policy import load_pipeline, rollout
 from release.source import read_headers
-from tests.conftest import invoke
+from tests.conftest import edited_source, invoke
 
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
 
@@ -153,15 +151,7 @@ def test_source_without_cache_entry_says_how_to_fix(tmp_path: Path) -> None:
 
 
 def test_mismatched_source_names_first_tensor(tiny: Path, tmp_path: Path) -> None:
-    bad = tmp_path / "source"
-    shutil.copytree(tiny / "source", bad)
-    index = json.loads((bad / "transformer" / INDEX).read_text())["weight_map"]
-    shard = bad / "transformer" / index["layers.1.mlp.up_proj.weight"]
-    tensors = load_file(shard)
-    tensors["layers.1.mlp.up_proj.weight"] = tensors["layers.1.mlp.up_proj.weight"][:, :32].contiguous()
-    with safe_open(str(shard), "pt") as f:
-        metadata = f.metadata()
-    save_file(tensors, str(shard), metadata=metadata)
+    bad = edited_source(tiny, tmp_path / "source", "layers.1.mlp.up_proj.weight", lambda w: w[:, :32])
     result = invoke("build", "rtn", "--source", bad, "--observations", tiny / "observations",
                     "--out", tmp_path / "dist")
     assert result.exit_code == 2

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from release import ReleaseError
 from release.build import CalibrationData
@@ -17,7 +17,7 @@ from release.config import load_build
 from release.export import SMOOTHING_SIDECAR, fp8_weight_codes, quantize
 from release.observations import CALIBRATION_LABS, load_observations, split
 from release.source import read_headers
-from tests.conftest import ROOT, invoke
+from tests.conftest import ROOT, edited_source, invoke
 
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
 GPU_REFERENCE = ROOT / "tests" / "data" / "gpu_rtn_weights.safetensors"
@@ -137,13 +137,11 @@ def test_cuda_emulation_where_cpu_and_cuda_differ(tiny: Path) -> None:
 
 
 def test_non_finite_weight_names_the_tensor(tiny: Path, tmp_path: Path) -> None:
-    bad = tmp_path / "source"
-    shutil.copytree(tiny / "source", bad)
-    index = json.loads((bad / "transformer" / INDEX).read_text())["weight_map"]
-    shard = bad / "transformer" / index["layers.0.mlp.gate_proj.weight"]
-    tensors = load_file(shard)
-    tensors["layers.0.mlp.gate_proj.weight"][3, 5] = float("nan")
-    save_file(tensors, str(shard), metadata={"format": "pt"})
+    def nan_at_3_5(w: torch.Tensor) -> torch.Tensor:
+        w[3, 5] = float("nan")
+        return w
+
+    bad = edited_source(tiny, tmp_path / "source", "layers.0.mlp.gate_proj.weight", nan_at_3_5)
     result = invoke("build", "rtn", "--source", bad, "--observations", tiny / "observations",
                     "--out", tmp_path / "dist")
     assert result.exit_code == 2, result.output
