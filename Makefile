@@ -28,12 +28,14 @@ demo: venv
 	$(BIN)/release eval $(BUILDS) --path deployed --split calibration $(EVAL_ARGS)
 	$(BIN)/release eval $(BUILDS) --path deployed --split validation $(EVAL_ARGS) --yardsticks
 	$(BIN)/release tables --dist $(DEMO)/dist
+	$(BIN)/release select --dist $(DEMO)/dist
 	$(BIN)/release card --dist $(DEMO)/dist --lang en,ko
 	$(BIN)/release push --dist $(DEMO)/dist --target $(DEMO)/hub --dry-run
 	$(BIN)/release push --dist $(DEMO)/dist --target $(DEMO)/hub
 	@echo
 	@echo "Results: $(DEMO)/dist/<repo>/ (checkpoint, provenance.json, verification/, results/, README.md),"
 	@echo "         $(DEMO)/dist/tables/ (fidelity, ranking, attribution: CSV + tables.json),"
+	@echo "         $(DEMO)/dist/selection.json (the selection rule of builds/release.yaml applied),"
 	@echo "         $(DEMO)/hub/np-cr/<repo>/ (the local push target); tiny source in $(DEMO)/fixture/"
 
 # Extract translatable strings from templates/ and release/card.py, merge them into the Korean catalog, compile.

@@ -3,7 +3,7 @@ against single-core sha256.
 
 Usage: .venv/bin/python bench/push_hash.py NANO_DIR   (NANO_DIR from bench/layout_check.py: a Nano-size FP8 checkpoint)
 Three sibling repos are made of hard links to NANO_DIR's shards (distinct paths, so each is hashed), with a
-provenance.json and a passing verification report each.
+provenance.json each; the plan hashes and scans every file for secrets (no verification manifest to compare).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from release.config import load_build, load_release
-from release.push import HashCache, PushRequest, plan_repo
+from release.push import HashCache, checked_files, plan_repo
 
 
 def main(nano: Path) -> None:
@@ -32,18 +32,16 @@ def main(nano: Path) -> None:
                 os.link(shard, folder / "transformer" / shard.name)
                 total += shard.stat().st_size
             (folder / "provenance.json").write_text(json.dumps({"source": {"revision": "0" * 40}}))
-            (folder / "verification").mkdir()
-            (folder / "verification" / "report.json").write_text(json.dumps({"checks": [], "passed": True}))
-        request = PushRequest.create(tuple(s.build for s in release.siblings), None, dist, True,
-                                     target=Path(tmp) / "hub")
+        builds = [load_build(s.build) for s in release.siblings]
         from release.push import FolderRemote
 
         for label in ("first run (hashes everything)", "second run (hash cache)"):
             cache = HashCache(Path(tmp) / "hashes.json")
             remote = FolderRemote(Path(tmp) / "hub", cache)
             t = time.perf_counter()
-            for build in request.builds:
-                plan_repo(remote, build, dist / build.repo, f"np-cr/{build.repo}", cache, None)
+            for build in builds:
+                local = checked_files(dist / build.repo, build.name, None, cache)
+                plan_repo(remote, build, dist / build.repo, f"np-cr/{build.repo}", local, None)
             cache.save()
             wall = time.perf_counter() - t
             rate = f", {cache.hashed_bytes / wall / 1e9:.2f} GB/s hashed" if cache.hashed_bytes else ""

@@ -7,7 +7,6 @@ import os
 import platform
 import subprocess
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from release import ReleaseError, __version__
 from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
-from release.io import atomic_dir, sha256_file, write_json
+from release.io import atomic_dir, build_date, output_folder, sha256_file, write_json
 from release.observations import Observation, load_observations, split
 from release.source import check_architecture, resolve_source, source_revision
 
@@ -54,7 +53,7 @@ class BuildRequest:
                 f"observation set {observations} not found; pass --observations DIR or set {OBSERVATIONS_ENV}"
             )
         cache = Path(os.environ.get(CACHE_ENV, ".cache/release"))
-        return cls(release, builds, src, observations, out, cache)
+        return cls(release, builds, src, observations, output_folder(out), cache)
 
 
 def _progress() -> Progress:
@@ -174,13 +173,6 @@ def _device_name() -> str:
     return f"cpu ({platform.machine()})"
 
 
-def _build_date() -> str:
-    """UTC build time; ``SOURCE_DATE_EPOCH`` pins it for reproducible outputs."""
-    epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    when = datetime.fromtimestamp(int(epoch), UTC) if epoch else datetime.now(UTC)
-    return when.replace(microsecond=0).isoformat()
-
-
 def run_builds(request: BuildRequest) -> bool:
     """Build every requested build, then verify each against the RTN build; True when all checks passed."""
     import diffusers
@@ -229,7 +221,7 @@ def run_builds(request: BuildRequest) -> bool:
                                    "sha256": CalibrationData.digest(algorithm) if build.recipe != "rtn" else None},
                 "quantized_linears": n_quantized,
                 "config_sha256": build.digest(),
-                "date": _build_date(),
+                "date": build_date(),
             })
         console.print(f"  {n_quantized} FP8 Linears written")
         written.append(build)

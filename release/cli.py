@@ -158,6 +158,19 @@ def tables(names: tuple[str, ...], dist: Path, out: Path | None, baseline: str, 
     click.echo(result["fidelity"].to_string(index=False))
 
 
+@main.command("select")
+@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+def select_(dist: Path) -> None:
+    """Apply the selection rule of builds/release.yaml to DIST/tables/tables.json; write DIST/selection.json."""
+    from rich.console import Console
+
+    from release.select import SelectRequest, ranking_table, run_select
+
+    request = SelectRequest.create(dist)
+    Console(width=160).print(ranking_table(run_select(request)))
+    click.echo(f"selection: {request.out}")
+
+
 @main.command()
 @click.argument("names", nargs=-1)
 @click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
@@ -179,13 +192,16 @@ def card(names: tuple[str, ...], dist: Path, lang: str, check: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--create-pr", is_flag=True, help="Open a Hub pull request instead of committing to main.")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
-@click.option("--force", default=None, metavar="REASON", help="Push builds that failed verification; REASON goes "
-              "into the commit message.")
+@click.option("--force", default=None, metavar="REASON", help="Push builds whose verification failed, was skipped "
+              "in part, or is missing; REASON goes into the commit message.")
+@click.option("--retag", is_flag=True, help="Move the release tag v<version> to the new commit if it points elsewhere "
+              "(without it, such a push is refused before anything is committed).")
 @click.option("--target", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Publish to this local folder (ORG/REPO inside it) instead of the Hub.")
 def push(names: tuple[str, ...], org: str | None, dist: Path, endpoint: str | None, dry_run: bool,
-         create_pr: bool, fmt: str, force: str | None, target: Path | None) -> None:
+         create_pr: bool, fmt: str, force: str | None, retag: bool, target: Path | None) -> None:
     """Plan and publish the sibling repos (token from HF_TOKEN or the huggingface_hub login; never printed)."""
     from release.push import PushRequest, run_push
 
-    click.echo(run_push(PushRequest.create(names, org, dist, dry_run, endpoint, create_pr, fmt, force, target)))
+    click.echo(run_push(PushRequest.create(names, org, dist, dry_run, endpoint, create_pr, fmt, force, target,
+                                           retag)))

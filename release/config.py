@@ -9,11 +9,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+from collections.abc import Hashable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from release import ReleaseError
 
@@ -49,9 +51,32 @@ class License(_Strict):
     link: str
 
 
+def hub_name(value: str, kind: Literal["org", "repo"]) -> str:
+    """``value`` if huggingface_hub's own validator accepts it as an organisation or a repo name (it becomes a Hub
+    repo id and, with ``release push --target``, a folder: no ``/``, ``..`` or leading ``.``), else ValueError."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(f"{value}/repo" if kind == "org" else f"org/{value}")
+    except HFValidationError as exc:
+        raise ValueError(f"{value!r} is not a valid Hub {kind} name: letters, digits, '-', '_' and '.', no '/', "
+                         "'..' or '--', not starting or ending with '-' or '.', at most 96 characters") from exc
+    return value
+
+
 class Sibling(_Strict):
     build: str
     repo: str
+
+    @field_validator("build")
+    @classmethod
+    def _build(cls, v: str) -> str:
+        return _unique_build_names([v], "build")[0]
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        return hub_name(v, "repo")
 
 
 class PolicySettings(_Strict):
@@ -67,6 +92,56 @@ class PolicySettings(_Strict):
     noise_seed: int = 0
 
 
+BUILD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # a build file's stem: builds/<name>.yaml
+
+
+def _unique_build_names(names: list[str], field: str) -> list[str]:
+    for name in names:
+        if not BUILD_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a build name (the stem of a file in builds/: letters, digits, '_' "
+                             "and '-')")
+    repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if repeated is not None:
+        raise ValueError(f"{repeated!r} is listed twice in '{field}'; list each build once")
+    return names
+
+
+class Selection(_Strict):
+    """The selection rule of the release (``release select``): every candidate scored on one path and split, then
+    ranked by its own gate (from its build file, as ``release tables`` computed it), the lowest overall sigma, the
+    ``tie_break`` metrics in order, and last its place in ``candidates``. ``always`` builds are chosen whatever their
+    scores (the reference); ``count`` more are chosen from the top of the ranking among those that pass their gate.
+    A candidate may name a build that is not defined or not evaluated yet: it is listed as not evaluated and cannot
+    be chosen by rank."""
+
+    candidates: list[str] = Field(min_length=1)
+    path: Literal["fakequant", "deployed", "served"] = "fakequant"
+    split: Literal["calibration", "validation", "all"] = "calibration"
+    tie_break: list[Literal["gripper_agree", "joint_mae_deg"]] = ["gripper_agree", "joint_mae_deg"]
+    always: list[str] = []
+    count: int = Field(1, ge=1, description="builds chosen by rank, besides 'always'")
+
+    @field_validator("candidates", "always")
+    @classmethod
+    def _names(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        return _unique_build_names(v, str(info.field_name))
+
+    @field_validator("tie_break")
+    @classmethod
+    def _tie_break(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("a metric is listed twice in 'tie_break'; list each once")
+        return v
+
+    @model_validator(mode="after")
+    def _always_are_candidates(self) -> Selection:
+        outside = [n for n in self.always if n not in self.candidates]
+        if outside:
+            raise ValueError(f"'always' names {outside[0]!r}, which is not in 'candidates'; add it there (the "
+                             "ranking lists every chosen build)")
+        return self
+
+
 class ReleaseConfig(_Strict):
     base_model: str
     base_revision: str
@@ -80,6 +155,12 @@ class ReleaseConfig(_Strict):
     calibration_labs: list[str] = []
     heldout_labs: list[str] = []
     action_stats: str = Field("action_stats.json", description="per-dimension action sigma, in the observation set")
+    selection: Selection | None = None
+
+    @field_validator("org")
+    @classmethod
+    def _org(cls, v: str) -> str:
+        return hub_name(v, "org")
 
 
 class Gate(_Strict):
@@ -94,12 +175,23 @@ class SmoothQuant(_Strict):
     alpha_step: float = Field(0.1, gt=0, le=1, description="grid step of the per-layer alpha search")
     fold_up_down: bool = True
 
+    @field_validator("alpha", mode="before")
+    @classmethod
+    def _alpha(cls, v: Any) -> Any:
+        """One message for both members of the union (pydantic would report each member's error apart)."""
+        if v == "auto" or (type(v) in (int, float) and 0 <= v <= 1):
+            return v
+        raise ValueError(f"alpha must be 'auto' or a number in 0..1, got {v!r}")
+
 
 class Calibrator(_Strict):
     """How the static input scales are calibrated from the calibration calls."""
 
-    method: Literal["max", "moving_average", "histogram"] = "max"
-    momentum: float = Field(0.01, gt=0, le=1, description="moving_average: weight of each new call's max")
+    method: Literal["max", "moving_average", "histogram", "range_shrink"] = "max"
+    momentum: float = Field(0.01, gt=0, le=1, description="moving_average, range_shrink: weight of each new call's "
+                            "statistic in the exponential moving average (range_shrink's averaging_constant)")
+    shrink_percent: float = Field(0.01, gt=0, lt=50, description="range_shrink: percent of the signed values "
+                                  "dropped from each tail of every call (TI edgeai-tensorlab range_shrink_percentile)")
     percentile: float = Field(99.99, gt=0, le=100, description="histogram: percentile of |x| (ModelOpt)")
 
 
@@ -121,6 +213,11 @@ class BuildConfig(_Strict):
     gate: Gate = Gate()
     description: str = ""
     delivered: bool = False
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        return hub_name(v, "repo")
 
     @field_validator("quantized")
     @classmethod
@@ -164,17 +261,41 @@ def _line_of(node: yaml.Node | None, path: tuple[Any, ...]) -> int | None:
     return line
 
 
+class _DuplicateKey(yaml.constructor.ConstructorError):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:  # before merge keys ('<<') are flattened: explicit keys may override those
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = self.construct_object(key_node)
+                if key in first:
+                    raise _DuplicateKey(None, None, f"duplicate key {key!r} (first on line {first[key]}); keep one "
+                                        "of them", key_node.start_mark)
+                first[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def _load_yaml(path: Path) -> tuple[dict[str, Any], yaml.Node | None]:
     if not path.is_file():
         raise ReleaseError(f"{path}: file not found")
-    text = path.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
-        node = yaml.compose(text)
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReleaseError(f"{path}: not UTF-8 text ({exc}); save it as UTF-8") from exc
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if isinstance(exc, _DuplicateKey):
+            raise ReleaseError(f"{path}{where}: {problem}") from exc
         raise ReleaseError(f"{path}{where}: YAML syntax error: {problem}; fix the YAML syntax") from exc
     if not isinstance(data, dict):
         raise ReleaseError(f"{path}: expected a mapping of fields at the top level")
@@ -202,12 +323,16 @@ def _validate(model: type[BaseModel], path: Path) -> Any:
 
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names valid at ``loc``, through optional sections (``X | None``) and lists (``list[X]``)."""
     cur: Any = model
     for key in loc:
+        if isinstance(key, int):  # a list item: ``cur`` is already the item's model
+            continue
         info = getattr(cur, "model_fields", {}).get(key)
         if info is None:
             return []
-        cur = info.annotation
+        cur = next((a for a in (info.annotation, *get_args(info.annotation))
+                    if isinstance(a, type) and issubclass(a, BaseModel)), None)
     return sorted(getattr(cur, "model_fields", {}))
 
 
@@ -227,6 +352,8 @@ def available_builds(directory: Path | None = None) -> list[str]:
 
 def load_build(name: str, directory: Path | None = None) -> BuildConfig:
     d = directory or builds_dir()
+    if not BUILD_NAME.fullmatch(name):  # a name becomes a path: builds/<name>.yaml, nothing outside builds/
+        raise ReleaseError(f"build name {name!r}: use letters, digits, '_' and '-' only (the stem of a file in {d})")
     path = d / f"{name}.yaml"
     if name == "release" or not path.is_file():
         names = ", ".join(available_builds(d)) or "none"

@@ -13,6 +13,7 @@ import functools
 import hashlib
 import json
 import types
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 
 from release import ReleaseError, __version__
 from release.config import BuildConfig, PolicySettings, ReleaseConfig, load_build, load_release
-from release.io import atomic_write
+from release.io import atomic_write, read_json
 from release.observations import Observation, action_sigma, load_observations
 from release.source import resolve_source, source_revision
 
@@ -253,13 +254,40 @@ def save_results(path: Path, reference: np.ndarray, candidate: np.ndarray, obser
     atomic_write(path, buf.getvalue())
 
 
+def load_npz(path: Path, fix: str) -> dict[str, np.ndarray]:
+    """Every array of an .npz file, read now: numpy reads members lazily, so a truncated or damaged file would
+    otherwise fail later, without its name. Any failure is a one-line error naming ``path``, then ``fix``."""
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("a single .npy array, not an .npz archive of named arrays")
+        with data:
+            return {key: data[key] for key in data.files}
+    except Exception as exc:  # zipfile, zlib, EOF, header and pickle errors alike: the file cannot be read
+        reason = (str(exc).splitlines() or [""])[0]
+        raise ReleaseError(f"{path}: not a readable .npz file ({type(exc).__name__}: {reason}); {fix}") from exc
+
+
 def describe(path: Path) -> str:
     """One line of a results file's point estimates over all its observations."""
-    data = np.load(path)
+    data = load_npz(path, "rerun the command that wrote it ('release eval' or 'release import-served')")
     steps = data["candidate"].shape[0] * data["candidate"].shape[1]
     return (f"{len(data['obs_ids'])} observations, overall {np.sqrt(np.mean(data['overall_sigma'] ** 2)):.4f} "
             f"sigma, joint MAE {np.mean(data['joint_mae_deg']):.3f} deg, gripper {int(data['gripper_agree'].sum())}"
             f"/{steps} steps agree")
+
+
+def _label(request: EvalRequest, build: BuildConfig) -> str:
+    """The cache key of a build's rollouts, from its provenance.json: its configuration and calibration data, the
+    tool version and the emulation's arithmetic (a change of any re-runs the rollouts)."""
+    path = request.dist / build.repo / "provenance.json"
+    prov = read_json(path, "provenance", f"release build {build.name}")
+    calibration = prov.get("calibration")
+    config, data = prov.get("config_sha256"), calibration.get("sha256") if isinstance(calibration, dict) else None
+    if not isinstance(config, str) or not isinstance(data, str):
+        raise ReleaseError(f"{path}: fields 'config_sha256' and 'calibration.sha256' must be hashes; rebuild with "
+                           f"'release build {build.name}'")
+    return f"{request.path}:{build.name}:{config}:{data}:{__version__}:{EMULATION}"
 
 
 def run_eval(request: EvalRequest) -> list[Path]:
@@ -267,16 +295,14 @@ def run_eval(request: EvalRequest) -> list[Path]:
     policy: PolicySettings = request.release.policy
     obs = select(load_observations(request.observations), request.release, request.split)
     sigma = action_sigma(request.observations, request.release.action_stats, policy.action_dims)
+    labels = {build.name: _label(request, build) for build in request.builds}  # before any model runs
     seeds = [policy.noise_seed] * len(obs)
     reference = rollouts(request, "bf16", lambda: None, obs, seeds, {})
     written = []
     deployed_kwargs = {"mixed_precision_format": "none"}  # W8A8 on every step, as NVIDIA's policy server serves it
     for build in request.builds:
         folder = request.dist / build.repo
-        prov = json.loads((folder / "provenance.json").read_text())
-        # the tool version and the emulation's arithmetic are part of the key: a change re-runs the rollouts
-        label = (f"{request.path}:{build.name}:{prov['config_sha256']}:{prov['calibration']['sha256']}:"
-                 f"{__version__}:{EMULATION}")
+        label = labels[build.name]
         if request.path == "fakequant":
             make = functools.partial(fakequant_transformer, request.source, folder, build)
             candidate = rollouts(request, label, make, obs, seeds, {})
@@ -316,6 +342,16 @@ def run_yardsticks(request: EvalRequest, obs: list[Observation], reference: np.n
     return [out / f"compile-{request.split}.npz", out / f"seed-{request.split}.npz"]
 
 
+def _integers(file: Path, key: str, values: np.ndarray) -> list[int]:
+    """An id array as ints: integer dtypes, and floats that are whole numbers (3.0 is 3). Anything else (0.7,
+    strings, booleans) is refused, never truncated."""
+    if values.dtype.kind in "iu" or (values.dtype.kind == "f" and np.isfinite(values).all()
+                                     and (values == np.round(values)).all()):
+        return [int(v) for v in values]
+    bad = next((v for v in values.tolist() if not (isinstance(v, float) and v.is_integer())), values.tolist()[0])
+    raise ReleaseError(f"{file}: array '{key}' must hold integers, got {values.dtype} values such as {bad!r}")
+
+
 def import_served(name: str, file: Path, dist: Path, observations: Path | None, source: Path | None) -> Path:
     """Check an external server's results (npz: reference, candidate [N, chunk, 8], obs_ids, seeds?, sigma?) and
     store them as the build's ``served`` path."""
@@ -324,38 +360,44 @@ def import_served(name: str, file: Path, dist: Path, observations: Path | None, 
     folder = dist / build.repo
     if not folder.is_dir():
         raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
-    try:
-        data = dict(np.load(file, allow_pickle=False))
-    except (OSError, ValueError) as exc:
-        raise ReleaseError(f"{file}: not a readable .npz file ({exc})") from exc
+    data = load_npz(file, "export it again from the policy server")
     for key in ("reference", "candidate", "obs_ids"):
         if key not in data:
             raise ReleaseError(f"{file}: array '{key}' is missing; expected reference, candidate [N, chunk, 8], "
                                "obs_ids [N], optional seeds [N] and sigma [8]")
-    ref, cand, ids = data["reference"], data["candidate"], data["obs_ids"]
+    for key in ("reference", "candidate", "sigma"):
+        if key in data and data[key].dtype.kind not in "fiu":
+            raise ReleaseError(f"{file}: array '{key}' must hold numbers, got {data[key].dtype}")
+    ref, cand = data["reference"], data["candidate"]
     dims = release.policy.action_dims
     if ref.ndim != 3 or ref.shape[2] != dims or ref.shape != cand.shape:
         raise ReleaseError(f"{file}: 'reference' {list(ref.shape)} and 'candidate' {list(cand.shape)} must both be "
                            f"[N, chunk, {dims}]")
-    if ids.shape != (ref.shape[0],):
-        raise ReleaseError(f"{file}: 'obs_ids' has shape {list(ids.shape)}, expected [{ref.shape[0]}]")
+    if 0 in ref.shape:
+        raise ReleaseError(f"{file}: 'reference' and 'candidate' are {list(ref.shape)}: no observation or no action "
+                           "step; export at least one observation's chunk")
+    n = ref.shape[0]
+    for key in ("obs_ids", "seeds"):
+        if key in data and data[key].shape != (n,):
+            raise ReleaseError(f"{file}: '{key}' has shape {list(data[key].shape)}, expected [{n}]")
     for key in ("reference", "candidate"):
         if not np.isfinite(data[key]).all():
             raise ReleaseError(f"{file}: array '{key}' holds NaN or Inf")
-    if "seeds" in data and data["seeds"].shape != ids.shape:
-        raise ReleaseError(f"{file}: 'seeds' has shape {list(data['seeds'].shape)}, expected [{ids.shape[0]}]")
-    if "sigma" in data and (data["sigma"].shape != (dims,) or not (data["sigma"] > 0).all()):
+    if "sigma" in data and (data["sigma"].shape != (dims,) or not (np.isfinite(data["sigma"])
+                                                                   & (data["sigma"] > 0)).all()):
         raise ReleaseError(f"{file}: 'sigma' must be {dims} positive numbers")
-    src = resolve_source(release, source)
-    known = {o.obs_id: o for o in load_observations(observations or src.parent / "observations")}
-    unknown = [int(i) for i in ids if int(i) not in known]
+    ids = _integers(file, "obs_ids", data["obs_ids"])
+    repeated = sorted(i for i, count in Counter(ids).items() if count > 1)
+    if repeated:
+        raise ReleaseError(f"{file}: 'obs_ids' repeats {repeated[:5]}; each observation may appear once")
+    seeds = _integers(file, "seeds", data["seeds"]) if "seeds" in data else [release.policy.noise_seed] * n
+    obs_folder = observations or resolve_source(release, source).parent / "observations"
+    known = {o.obs_id: o for o in load_observations(obs_folder)}
+    unknown = [i for i in ids if i not in known]
     if unknown:
         raise ReleaseError(f"{file}: unknown observation ids {unknown[:5]}; they must be obs_id values of the "
                            "observation set")
-    obs = [known[int(i)] for i in ids]
-    seeds = [int(s) for s in data.get("seeds", np.full(len(ids), release.policy.noise_seed))]
-    obs_folder = observations or src.parent / "observations"
     sigma = data["sigma"] if "sigma" in data else action_sigma(obs_folder, release.action_stats, dims)
     out = folder / RESULTS / "served-all.npz"
-    save_results(out, ref, cand, obs, seeds, sigma)
+    save_results(out, ref, cand, [known[i] for i in ids], seeds, sigma)
     return out

@@ -221,7 +221,7 @@ def export_build(quantized: Quantized, build: BuildConfig, source: Path, out: Pa
     config = json.loads((source / "transformer" / "config.json").read_text())
     write_json(tdir / "config.json", {**config, "quantization_config": qconfig})
     write_json(out / "hf_quant_config.json", {k: v for k, v in qconfig.items() if k != "runtime"})
-    modelopt_state = mto.modelopt_state(model)
+    modelopt_state = canonical_modelopt_state(mto.modelopt_state(model))
     torch.save(modelopt_state, tdir / "modelopt_state.pth")
     torch.save(modelopt_state, out / "modelopt_state.pth")
 
@@ -231,6 +231,21 @@ def export_build(quantized: Quantized, build: BuildConfig, source: Path, out: Pa
         "weight_map": {k: f"transformer/{v}" for k, v in sorted(split.tensor_to_filename.items())},
     })
     return len(names)
+
+
+def canonical_modelopt_state(state: dict[str, Any]) -> dict[str, Any]:
+    """ModelOpt's state with each quantizer's properties in sorted order, so that the same build pickles the same.
+
+    ModelOpt collects a quantizer's properties from a set difference of attribute names
+    (``TensorQuantizer._get_properties_for_modelopt_state``): their order follows Python's string hashing, which
+    changes with every process (``PYTHONHASHSEED``). Restoring sets them by name, so the order carries nothing.
+    """
+    for _, mode in state["modelopt_state_dict"]:
+        for key in ("quantizer_state", "real_quantizer_state"):
+            per_quantizer = mode["metadata"].get(key, {})
+            for name, properties in per_quantizer.items():
+                per_quantizer[name] = dict(sorted(properties.items()))
+    return state
 
 
 def _copy_components(source: Path, out: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from release import ReleaseError
-from release.io import atomic_dir, sha256_file, write_json
+from release.io import atomic_dir, output_folder, sha256_file, write_json
 from release.observations import LABS, write_observations
 
 # diffusers' Cosmos3OmniTransformer at a size a 2-core CPU runs in milliseconds (domain notes §9).
@@ -131,7 +131,7 @@ def write_fixture(out: Path, size: str = "tiny", seed: int = 0, n_obs: int = 32,
 
     from release.policy import JointPositionPolicyPipeline, instruction_corpus
 
-    if out.exists() and any(out.iterdir()):
+    if output_folder(out).exists() and any(out.iterdir()):
         raise ReleaseError(f"{out}: folder exists and is not empty; choose another --out or remove it")
     _, vae_config, shard_size = SIZES[size]
     torch.manual_seed(seed)

@@ -9,19 +9,22 @@ Format ``release-droid-obs/1`` (a folder; real DROID frames can be written in it
         lab          str, the DROID lab that recorded it (decides calibration vs held-out split)
         instruction  str, the language instruction
         state        8 floats: 7 joint positions (rad) + gripper position in [0, 1] (1 = closed)
-        images       {camera: relative path of a 640x360 RGB PNG}
+        images       {camera: path of a 640x360 RGB PNG, relative to the folder and inside it}
     images/<obs_id>_<camera>.png
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from release import ReleaseError
+from release.config import builds_dir
 from release.io import atomic_write, write_json
 
 FORMAT = "release-droid-obs/1"
@@ -98,39 +101,144 @@ def write_observations(out: Path, n: int, seed: int, labs: list[str], heldout: i
     write_json(out / "index.json", {"format": FORMAT, "count": len(lines), "cameras": CAMERAS, "seed": seed})
 
 
-def load_observations(folder: Path) -> list[Observation]:
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _read_index(folder: Path) -> dict[str, Any]:
     index = folder / "index.json"
     if not index.is_file():
         raise ReleaseError(f"{folder}: not an observation set (no index.json); create one with 'release fixture tiny'")
-    meta = json.loads(index.read_text())
+    try:
+        meta = json.loads(index.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ReleaseError(f"{index}: not valid JSON ({exc}); rewrite it as "
+                           f'{{"format": "{FORMAT}", "count": N, "cameras": [...]}}') from exc
+    if not isinstance(meta, dict):
+        raise ReleaseError(f"{index}: expected a JSON object with 'format' and 'count', got {type(meta).__name__}")
     if meta.get("format") != FORMAT:
         raise ReleaseError(f"{index}: field 'format' is {meta.get('format')!r}; expected {FORMAT!r}")
-    obs = []
+    count = meta.get("count")
+    if type(count) is not int or count < 0:
+        raise ReleaseError(f"{index}: field 'count' must be the number of observations (lines of observations.jsonl), "
+                           f"got {_short(count)}")
+    return meta
+
+
+def _check_image(path: Path, where: str, camera: str) -> None:
+    """A 640x360 PNG whose every chunk is intact, checked without inflating its pixels: PNG's chunk CRCs cover all
+    of a file's data, so PIL's ``verify`` finds a truncated or damaged file here and not mid-rollout. Every PNG mode
+    converts to RGB, so the format and the size are all that is left to check."""
+    from PIL import Image
+
+    fix = f"replace it with a {WIDTH}x{HEIGHT} RGB PNG"
+    if not path.is_file():
+        raise ReleaseError(f"{where}: camera '{camera}': image {path} is missing or not a file; {fix} or correct "
+                           "the path")
+    try:
+        with Image.open(path) as img:
+            fmt, size = img.format, img.size
+            img.verify()
+    except Exception as exc:  # any failure of the decoder on this file: it cannot be read
+        reason = (str(exc).splitlines() or [""])[0]
+        raise ReleaseError(f"{where}: camera '{camera}': image {path} cannot be decoded ({type(exc).__name__}: "
+                           f"{reason}); {fix}") from exc
+    if fmt != "PNG":
+        raise ReleaseError(f"{where}: camera '{camera}': image {path} is {fmt}, not PNG; {fix}")
+    if size != (WIDTH, HEIGHT):
+        raise ReleaseError(f"{where}: camera '{camera}': image {path} is {size[0]}x{size[1]}; {fix}")
+
+
+def _record(rec: Any, where: str, folder: Path, root: Path) -> Observation:
+    """One line of observations.jsonl, every field checked; image paths must stay inside the set's folder."""
+    if not isinstance(rec, dict):
+        raise ReleaseError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    for key in ("obs_id", "episode_id", "lab", "instruction", "state", "images"):
+        if key not in rec:
+            raise ReleaseError(f"{where}: field '{key}' is missing; every line needs obs_id, episode_id, lab, "
+                               "instruction, state and images")
+    if type(rec["obs_id"]) is not int:
+        raise ReleaseError(f"{where}: field 'obs_id' must be an integer, got {_short(rec['obs_id'])}")
+    for key in ("episode_id", "lab", "instruction"):
+        if not isinstance(rec[key], str):
+            raise ReleaseError(f"{where}: field '{key}' must be a string, got {_short(rec[key])}")
+    state = rec["state"]
+    if not isinstance(state, list) or len(state) != 8 or not all(type(v) in (int, float) for v in state):
+        raise ReleaseError(f"{where}: field 'state' must be 8 numbers (7 joint positions in rad + gripper in "
+                           f"[0, 1]), got {_short(state)}")
+    if not all(math.isfinite(v) for v in state):
+        raise ReleaseError(f"{where}: field 'state' holds NaN or Infinity; give 8 finite numbers")
+    if not 0 <= state[7] <= 1:
+        raise ReleaseError(f"{where}: field 'state': the gripper (last value) is {state[7]}; it must be in [0, 1]")
+    cameras = rec["images"]
+    if not isinstance(cameras, dict):
+        raise ReleaseError(f"{where}: field 'images' must map {', '.join(CAMERAS)} to PNG paths")
+    images = {}
+    for cam in CAMERAS:
+        rel = cameras.get(cam)
+        if not isinstance(rel, str) or not rel:
+            raise ReleaseError(f"{where}: camera '{cam}': no image path in field 'images'; add it (relative to "
+                               f"{folder})")
+        path = (folder / rel).resolve()
+        if not path.is_relative_to(root):
+            raise ReleaseError(f"{where}: camera '{cam}': image path {rel!r} leads outside the observation set "
+                               f"{folder}; use a path inside it, relative to it")
+        _check_image(path, where, cam)
+        images[cam] = path
+    return Observation(rec["obs_id"], rec["episode_id"], rec["lab"], rec["instruction"],
+                       tuple(float(v) for v in state), images)
+
+
+def load_observations(folder: Path) -> list[Observation]:
+    """Every observation of the set, validated before any model runs: the index, each line's fields, unique ids,
+    and each image (inside the folder, a readable 640x360 PNG). Any fault is a one-line error naming the file and
+    line."""
+    meta = _read_index(folder)
     path = folder / "observations.jsonl"
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    if not path.is_file():
+        raise ReleaseError(f"{path}: missing; an observation set holds one JSON object per observation in it")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ReleaseError(f"{path}: not UTF-8 text ({exc}); write one JSON object per line") from exc
+    root = folder.resolve()
+    obs: list[Observation] = []
+    line_of: dict[int, int] = {}
+    for lineno, line in enumerate(lines, start=1):
+        where = f"{path}:{lineno}"
+        if not line.strip():
+            raise ReleaseError(f"{where}: empty line; remove it (one JSON object per line)")
         try:
             rec = json.loads(line)
-            state = tuple(float(v) for v in rec["state"])
-            if len(state) != 8:
-                raise ValueError(f"'state' has {len(state)} values; expected 8 (7 joints + gripper)")
-            images = {c: folder / rec["images"][c] for c in CAMERAS}
-            obs.append(Observation(int(rec["obs_id"]), str(rec["episode_id"]), str(rec["lab"]),
-                                   str(rec["instruction"]), state, images))
-        except (KeyError, ValueError, TypeError) as exc:
-            raise ReleaseError(f"{path}:{lineno}: bad observation record: {exc}") from exc
+        except json.JSONDecodeError as exc:
+            raise ReleaseError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); one JSON object per "
+                               "line") from exc
+        o = _record(rec, where, folder, root)
+        if o.obs_id in line_of:
+            raise ReleaseError(f"{where}: obs_id {o.obs_id} is also on line {line_of[o.obs_id]}; every obs_id must "
+                               "be unique")
+        line_of[o.obs_id] = lineno
+        obs.append(o)
+    if meta["count"] != len(obs):
+        raise ReleaseError(f"{folder / 'index.json'}: field 'count' is {meta['count']} but {path} holds {len(obs)} "
+                           "observations; make them equal")
     return obs
 
 
 def action_sigma(folder: Path, name: str, dims: int) -> np.ndarray:
     """The per-dimension action std the metrics normalise by (``action_stats`` in builds/release.yaml)."""
     path = folder / name
+    if not path.resolve().is_relative_to(folder.resolve()):
+        raise ReleaseError(f"{builds_dir() / 'release.yaml'}: field 'action_stats' ({name!r}) leads outside the "
+                           f"observation set {folder}; name a file inside it")
+    if not path.is_file():
+        raise ReleaseError(f"{path}: missing; the metrics need the per-dimension action sigma (field 'sigma')")
     try:
-        sigma = np.array(json.loads(path.read_text())["sigma"], dtype=np.float64)
-    except FileNotFoundError as exc:
-        raise ReleaseError(f"{path}: missing; the metrics need the per-dimension action sigma (field 'sigma')") from exc
-    except (KeyError, ValueError, TypeError) as exc:
+        sigma = np.array(json.loads(path.read_text(encoding="utf-8"))["sigma"], dtype=np.float64)
+    except (KeyError, ValueError, TypeError) as exc:  # JSON and UTF-8 decoding errors are ValueErrors
         raise ReleaseError(f"{path}: field 'sigma' must be a list of {dims} numbers") from exc
-    if sigma.shape != (dims,) or not (sigma > 0).all():
+    if sigma.shape != (dims,) or not (np.isfinite(sigma) & (sigma > 0)).all():
         raise ReleaseError(f"{path}: field 'sigma' must be {dims} positive numbers, got {sigma.tolist()}")
     return sigma
 

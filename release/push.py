@@ -1,9 +1,11 @@
 """``release push``: publish sibling repos through huggingface_hub, planned read-only first.
 
-The plan compares every local file with the remote without uploading: the sha256 of LFS files with the remote's
-``lfs.sha256``, the git blob sha1 of small files with the remote ``blob_id``. ``--dry-run`` prints it (the
-pull-request preview); a push makes one commit per repo on the head seen at plan time (``parent_commit``), tags the
-release, and checks the remote against the local folder afterwards. ``--target DIR`` publishes to a folder instead.
+Every file of a build is hashed once (cached by path and inode status): the hashes are compared with the manifest
+of its verification report, and the secret scan runs over the same bytes. The plan compares every local file with the
+remote without uploading: the sha256 of LFS files with the remote's ``lfs.sha256``, the git blob sha1 of small files
+with the remote ``blob_id``. ``--dry-run`` prints it (the pull-request preview); a push makes one commit per repo on
+the head seen at plan time (``parent_commit``), checks the remote against the hashes the plan approved, and then
+tags the release. ``--target DIR`` publishes to a folder instead, under a lock.
 """
 
 from __future__ import annotations
@@ -14,25 +16,40 @@ import hashlib
 import json
 import os
 import re
-import shutil
+import struct
+import zlib
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from release import GateError, ReleaseError, __version__
-from release.config import BuildConfig, ReleaseConfig, load_build, load_release
-from release.io import write_json
-from release.verify import gate
+from release.config import BuildConfig, ReleaseConfig, hub_name, load_build, load_release
+from release.io import atomic_dir, exclusive_lock, write_json
+from release.verify import REPORT_JSON, Report, after_verification, build_files, gate, load_report
 
 # The Hub stores files of this size or larger, and every binary checkpoint file, through LFS.
 LFS_THRESHOLD = 10 * 1024 * 1024
 LFS_SUFFIXES = (".safetensors", ".pth", ".bin", ".png", ".npz")
 SECRET_NAMES = (".env", "*.pem", "*.key", "id_rsa*", "id_ed25519*", ".netrc", "*credentials*", "*.token",
                 ".huggingface/*", "token")
-SECRET_CONTENT = re.compile(rb"hf_[A-Za-z0-9]{30,}|-----BEGIN [A-Z ]*PRIVATE KEY-----|AKIA[0-9A-Z]{16}")
+# One compiled pattern over whole chunks; minimal matches are at most 67 bytes long. No capturing groups: with them
+# the regex engine loses its first-character prefilter and runs 10 times slower (bench/secret_scan.py).
+SECRETS = re.compile(rb"hf_[A-Za-z0-9]{30,}|gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,}"
+                     rb"|(?:AKIA|ASIA)[0-9A-Z]{16}|-----BEGIN [A-Z ]{0,40}PRIVATE KEY-----")
+# kind by the match's start, and how much of the match is public (its prefix; a key's header line is not secret)
+SECRET_KINDS = (("hf_", "Hugging Face token", 3), ("github_pat_", "GitHub token", 11), ("gh", "GitHub token", 4),
+                ("AKIA", "AWS access key id", 4), ("ASIA", "AWS access key id", 4), ("-----", "private key", 0))
+SCAN_VERSION = 3  # bump when SECRETS changes: cached scan results of older versions are redone
+CHUNK = 1 << 24
+OVERLAP = 256
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TEXT_LIMIT = 64 << 20  # a compressed PNG text chunk that inflates beyond this is refused, not scanned
 CACHE_ENV = "RELEASE_CACHE"
+LOCK_NAME = ".release-push.lock"
 Action = Literal["add", "modify", "delete", "unchanged"]
+TagAction = Literal["create", "move", "unchanged", "none"]
 
 
 @dataclass(frozen=True)
@@ -47,11 +64,18 @@ class PushRequest:
     fmt: Literal["markdown", "json"]
     force: str | None
     target: Path | None
+    retag: bool = False
+    reports: dict[str, tuple[Report, str] | None] = field(default_factory=dict)  # by build name
 
     @classmethod
     def create(cls, names: tuple[str, ...], org: str | None, dist: Path, dry_run: bool, endpoint: str | None = None,
                create_pr: bool = False, fmt: str = "markdown", force: str | None = None,
-               target: Path | None = None) -> PushRequest:
+               target: Path | None = None, retag: bool = False) -> PushRequest:
+        if org is not None:
+            try:
+                hub_name(org, "org")
+            except ValueError as exc:
+                raise ReleaseError(f"--org: {exc}") from exc
         release = load_release()
         wanted = list(names) or [s.build for s in release.siblings if (dist / load_build(s.build).repo).is_dir()]
         if not wanted:
@@ -59,75 +83,224 @@ class PushRequest:
         builds = [load_build(n) for n in wanted]
         if force is not None and not force.strip():
             raise ReleaseError("--force needs a reason (it goes into the commit message)")
+        reports = {}
         for b in builds:
             folder = dist / b.repo
             if not folder.is_dir():
                 raise ReleaseError(f"{folder}: missing; run 'release build {b.name}' first")
-            refusal = gate(folder)
+            verified = reports[b.name] = load_report(folder, b.name)
+            refusal = gate(folder, verified[0] if verified else None)
             if refusal and force is None:
                 raise GateError(f"push refused: {refusal}; fix it, or pass --force REASON")
-            _refuse_unsafe(folder)
+            for name in ("README.md", "LICENSE"):
+                if not (folder / name).is_file():
+                    raise ReleaseError(f"{folder / name}: missing; a repo is published with its card and license: "
+                                       f"run 'release card {b.name}' first")
         return cls(release, builds, org or release.org, dist, dry_run, endpoint, create_pr, fmt,  # type: ignore[arg-type]
-                   force, target)
+                   force, target, retag, reports)
 
 
-def _refuse_unsafe(folder: Path) -> None:
-    """Links that leave the build folder and files that look like secrets are never uploaded."""
-    root = folder.resolve()
-    for path in sorted(folder.rglob("*")):
-        rel = path.relative_to(folder).as_posix()
-        if path.is_symlink() and not path.resolve().is_relative_to(root):
-            raise ReleaseError(f"{path}: a link to {os.readlink(path)}, outside the build folder; replace it with "
-                               "the file or remove it")
-        if not path.is_file():
-            continue
-        if any(fnmatch.fnmatch(path.name, p) or fnmatch.fnmatch(rel, p) for p in SECRET_NAMES):
-            raise ReleaseError(f"{path}: looks like a secret (by its name); remove it from the build folder")
-        if path.stat().st_size < LFS_THRESHOLD and path.suffix not in LFS_SUFFIXES:
-            if SECRET_CONTENT.search(path.read_bytes()):
-                raise ReleaseError(f"{path}: contains what looks like a token or private key; remove it")
+class _Scanner:
+    """Searches SECRETS in a stream of chunks. The last OVERLAP bytes of each chunk are searched again together with
+    the start of the next one, so a token across a chunk boundary is found."""
+
+    def __init__(self) -> None:
+        self.tail = b""
+        self.offset = 0
+        self.found: dict[str, Any] | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        if self.found is None:
+            for base, text in ((self.offset - len(self.tail), self.tail + chunk[:OVERLAP]), (self.offset, chunk)):
+                if m := SECRETS.search(text):
+                    self.found = _finding(m, f"at byte {base + m.start()}")
+                    break
+            self.tail = chunk[-OVERLAP:]
+        self.offset += len(chunk)
 
 
-def is_lfs(path: str, size: int) -> bool:
-    return size >= LFS_THRESHOLD or path.endswith(LFS_SUFFIXES)
+def _finding(m: re.Match[bytes], where: str) -> dict[str, Any]:
+    """The kind of a match and a redacted form of it (its public prefix, never the secret part)."""
+    text = m.group().decode("ascii")
+    kind, public = next((k, n or len(text)) for prefix, k, n in SECRET_KINDS if text.startswith(prefix))
+    return {"kind": kind, "shown": text[:public] + ("…" if public < len(text) else ""), "where": where}
 
 
 class HashCache:
-    """sha256 / git blob sha1 of local files, cached by absolute path, size and mtime (a JSON file)."""
+    """sha256 / git blob sha1 of local files and their secret scan, cached in a JSON file.
+
+    An entry is reused only while the file's size, mtime, ctime, inode and device are unchanged. ctime cannot be
+    set back by a user (``os.utime`` restores mtime, and itself moves ctime), so bytes flipped in place are hashed
+    again; mtime alone would not notice.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.entries: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.is_file() else {}
+        try:
+            self.entries: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.is_file() else {}
+        except ValueError:  # a damaged cache is only a cache: start afresh
+            self.entries = {}
         self.hashed_bytes = 0
 
-    def _hash(self, file: Path) -> dict[str, Any]:
+    def _hash(self, file: Path, scan: bool) -> dict[str, Any]:
         st = file.stat()
-        key = str(file.resolve())
-        hit = self.entries.get(key)
-        if hit and hit["size"] == st.st_size and hit["mtime_ns"] == st.st_mtime_ns:
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+        hit = self.entries.get(str(file.resolve()))
+        if hit and hit.get("stamp") == stamp and (not scan or hit.get("scan") == SCAN_VERSION):
             return hit
         # sha256 for LFS comparisons; the git blob sha1 only where a file can be stored in git (small files)
         h = hashlib.sha256()
         blob = hashlib.sha1(b"blob %d\0" % st.st_size) if st.st_size < LFS_THRESHOLD else None
+        scanner = _Scanner() if scan else None
+        read = 0
         with file.open("rb") as f:
-            while chunk := f.read(1 << 24):
+            while chunk := f.read(CHUNK):
+                read += len(chunk)
                 h.update(chunk)
                 if blob is not None:
                     blob.update(chunk)
-        self.hashed_bytes += st.st_size
-        return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": h.hexdigest(),
-                "sha1": blob.hexdigest() if blob is not None else None}
+                if scanner is not None:
+                    scanner.feed(chunk)
+        if read != st.st_size:
+            raise ReleaseError(f"{file}: changed size while it was read; run 'release push' again")
+        self.hashed_bytes += read
+        entry = {"stamp": stamp, "size": st.st_size, "sha256": h.hexdigest(),
+                 "sha1": blob.hexdigest() if blob is not None else None}
+        if scanner is not None:
+            entry.update(scan=SCAN_VERSION, secret=scanner.found)
+        return entry
 
-    def hash_all(self, files: list[Path], workers: int | None = None) -> dict[Path, dict[str, Any]]:
-        """Hash in parallel (hashlib releases the GIL on large buffers)."""
+    def hash_all(self, files: list[Path], scan: bool = False, workers: int | None = None) -> dict[Path, dict[str, Any]]:
+        """Hash (and with ``scan`` search for secrets) in parallel: hashlib releases the GIL on large buffers."""
         with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
-            results = dict(zip(files, pool.map(self._hash, files), strict=True))
+            results = dict(zip(files, pool.map(lambda f: self._hash(f, scan), files), strict=True))
         for file, entry in results.items():
             self.entries[str(file.resolve())] = entry
         return results
 
     def save(self) -> None:
         write_json(self.path, self.entries)
+
+
+def _json_secret(value: Any, where: str) -> tuple[re.Match[bytes], str] | None:
+    """The first secret in the decoded strings (keys and values) of a JSON document, with its path."""
+    stack = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, str):
+            if m := SECRETS.search(item.encode("utf-8", "replace")):
+                return m, path
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                stack += [(key, f"{path} (a key)"), (sub, f"{path}.{key}")]
+        elif isinstance(item, list):
+            stack += [(sub, f"{path}[{i}]") for i, sub in enumerate(item)]
+    return None
+
+
+def _inflate(data: bytes, what: str) -> bytes:
+    inflater = zlib.decompressobj()
+    try:
+        text = inflater.decompress(data, TEXT_LIMIT)
+    except zlib.error as exc:
+        raise ReleaseError(f"{what} is not valid zlib data, so it cannot be checked for secrets; remove it") from exc
+    if inflater.unconsumed_tail:
+        raise ReleaseError(f"{what} inflates to more than {TEXT_LIMIT >> 20} MiB; remove it")
+    return text
+
+
+def _png_secret(path: Path) -> tuple[re.Match[bytes], str] | None:
+    """Text chunks of a PNG: tEXt as it is, zTXt and compressed iTXt inflated."""
+    with path.open("rb") as f:
+        f.seek(len(PNG_MAGIC))
+        while len(header := f.read(8)) == 8:
+            length, kind = struct.unpack(">I4s", header)
+            if kind not in (b"tEXt", b"zTXt", b"iTXt"):
+                f.seek(length + 4, os.SEEK_CUR)
+                continue
+            keyword, _, rest = f.read(length).partition(b"\0")
+            f.seek(4, os.SEEK_CUR)  # CRC
+            where = f"in PNG chunk {kind.decode()} '{keyword.decode('latin-1')}'"
+            if kind == b"zTXt":
+                rest = _inflate(rest[1:], f"{path}: PNG chunk zTXt '{keyword.decode('latin-1')}'")
+            elif kind == b"iTXt":
+                compressed, text = rest[:1] == b"\1", rest[2:].split(b"\0", 2)[-1]
+                rest = _inflate(text, f"{path}: PNG chunk iTXt '{keyword.decode('latin-1')}'") if compressed \
+                    else text
+            if m := SECRETS.search(keyword) or SECRETS.search(rest):
+                return m, where
+    return None
+
+
+def _structured_secret(path: Path) -> dict[str, Any] | None:
+    """Secrets the byte scan cannot see or place: PNG text chunks (compressed ones inflated), the decoded strings of
+    JSON files and of a safetensors header (``__metadata__``), with where they are."""
+    found: tuple[re.Match[bytes], str] | None = None
+    with path.open("rb") as f:
+        head = f.read(8)
+        if head == PNG_MAGIC:
+            found = _png_secret(path)
+        elif path.suffix in (".safetensors", ".json"):
+            try:
+                if path.suffix == ".safetensors":
+                    (n,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
+                    doc = json.loads(f.read(n)) if 0 < n <= 100_000_000 else None
+                else:
+                    doc = json.loads(head + f.read())
+            except ValueError:  # not JSON: verification judges the file, the byte scan has read it
+                doc = None
+            where = "in the safetensors header at $" if path.suffix == ".safetensors" else "in JSON at $"
+            found = _json_secret(doc, where) if doc is not None else None
+    return _finding(*found) if found else None
+
+
+def _check_manifest(folder: Path, build: str, verified: tuple[Report, str], local: dict[str, dict[str, Any]]) -> None:
+    """The files must be the bytes verification hashed, plus cards and results; nothing gained, changed or lost."""
+    report, report_sha = verified
+    rerun = f"rerun 'release verify {build}' (and 'release card {build}')"
+    for rel, entry in local.items():
+        if rel == REPORT_JSON:
+            if entry["sha256"] != report_sha:
+                raise GateError(f"{folder / rel}: changed while this push read it; run 'release push' again")
+        elif not after_verification(rel):
+            want = report.manifest.get(rel)
+            if want is None:
+                raise GateError(f"{folder / rel}: not in the verification manifest (added after 'release verify'); "
+                                f"remove it, or {rerun}")
+            if (want.sha256, want.size) != (entry["sha256"], entry["size"]):
+                raise GateError(f"{folder / rel}: differs from the bytes 'release verify' hashed (sha256 "
+                                f"{entry['sha256'][:12]}, verified {want.sha256[:12]}); {rerun}")
+    lost = sorted(set(report.manifest) - set(local))
+    if lost:
+        raise GateError(f"{folder / lost[0]}: verified, but no longer in the build folder; restore it, or {rerun}")
+
+
+def checked_files(folder: Path, build: str, verified: tuple[Report, str] | None,
+                  cache: HashCache) -> dict[str, dict[str, Any]]:
+    """Every file of a build folder with its hashes, after the checks a push needs.
+
+    No links or special files; no file named like a secret; no token or private key in any file's bytes, in PNG
+    text chunks, in safetensors headers or in JSON strings (a secret is named first: it must go whatever else is
+    wrong); and with a verification report, exactly its manifest's bytes plus the cards and results.
+    """
+    files = build_files(folder)
+    for rel in files:
+        if any(fnmatch.fnmatch(rel.split("/")[-1], p) or fnmatch.fnmatch(rel, p) for p in SECRET_NAMES):
+            raise ReleaseError(f"{folder / rel}: looks like a secret (by its name); remove it from the build folder")
+    hashed = cache.hash_all([folder / rel for rel in files], scan=True)
+    local = {rel: hashed[folder / rel] for rel in files}
+    for rel in files:
+        found = _structured_secret(folder / rel) or local[rel]["secret"]
+        if found:
+            raise ReleaseError(f"{folder / rel}: contains what looks like a {found['kind']} ({found['shown']}, "
+                               f"{found['where']}); remove it from the build folder")
+    if verified is not None:
+        _check_manifest(folder, build, verified, local)
+    return local
+
+
+def is_lfs(path: str, size: int) -> bool:
+    return size >= LFS_THRESHOLD or path.endswith(LFS_SUFFIXES)
 
 
 @dataclass
@@ -149,10 +322,16 @@ class RepoPlan:
     files: list[FilePlan] = field(default_factory=list)
     readme_diff: str = ""
     commit_message: str = ""
+    tag: str = f"v{__version__}"
+    tag_action: TagAction = "none"
+    tag_target: str | None = None  # the commit the tag points at now
 
     @property
     def changes(self) -> list[FilePlan]:
         return [f for f in self.files if f.action != "unchanged"]
+
+
+RemoteState = tuple[str | None, dict[str, tuple[int, str, bool]], dict[str, str]]
 
 
 class HubRemote:
@@ -165,15 +344,17 @@ class HubRemote:
         disable_progress_bars()  # the plan and the result lines are the output
         self.api = HfApi(endpoint=endpoint, token=os.environ.get("HF_TOKEN") or None)
 
-    def state(self, repo_id: str) -> tuple[str | None, dict[str, tuple[int, str, bool]]]:
-        """(head commit or None if the repo does not exist, {path: (size, sha256 if LFS else blob sha1, is LFS)})."""
+    def state(self, repo_id: str) -> RemoteState:
+        """(head commit or None if the repo does not exist, {path: (size, sha256 if LFS else blob sha1, is LFS)},
+        {tag: commit})."""
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
         try:
             head = self.api.repo_info(repo_id).sha
             tree = list(self.api.list_repo_tree(repo_id, recursive=True, revision=head))
+            tags = {t.name: t.target_commit for t in self.api.list_repo_refs(repo_id).tags}
         except (RepositoryNotFoundError, RevisionNotFoundError):
-            return None, {}
+            return None, {}, {}
         except Exception as exc:  # offline mode, DNS, refused connection: say where and stop
             raise ReleaseError(f"cannot read {repo_id} from {self.api.endpoint}: {type(exc).__name__}: "
                                f"{str(exc).splitlines()[0] if str(exc) else ''}; check --endpoint and the "
@@ -184,23 +365,31 @@ class HubRemote:
         for entry in tree:
             if isinstance(entry, RepoFile):
                 files[entry.path] = (entry.size, entry.lfs.sha256 if entry.lfs else entry.blob_id, bool(entry.lfs))
-        return head, files
+        return head, files, tags
 
     def read(self, repo_id: str, path: str, revision: str) -> str:
         local = self.api.hf_hub_download(repo_id, path, revision=revision)
-        return Path(local).read_text(encoding="utf-8")
+        return Path(local).read_text(encoding="utf-8", errors="replace")
 
 
 class FolderRemote:
-    """A local folder standing in for the Hub (``--target``: air-gapped staging)."""
+    """A local folder standing in for the Hub (``--target``: air-gapped staging); it has no tags."""
 
     def __init__(self, root: Path, cache: HashCache) -> None:
         self.root, self.cache = root, cache
 
-    def state(self, repo_id: str) -> tuple[str | None, dict[str, tuple[int, str, bool]]]:
-        folder = self.root / repo_id
+    def folder(self, repo_id: str) -> Path:
+        """``root/ORG/REPO``, refused if it resolves outside the root (an org or repo folder that is a link)."""
+        dest = self.root / repo_id
+        if not dest.resolve().is_relative_to(self.root.resolve()):
+            raise ReleaseError(f"{dest}: resolves to {dest.resolve()}, outside the target {self.root}; remove the "
+                               "link, or choose another --target")
+        return dest
+
+    def state(self, repo_id: str) -> RemoteState:
+        folder = self.folder(repo_id)
         if not folder.is_dir():
-            return None, {}
+            return None, {}, {}
         files = sorted(p for p in folder.rglob("*") if p.is_file())
         hashes = self.cache.hash_all(files)
         out = {}
@@ -210,22 +399,19 @@ class FolderRemote:
             lfs = is_lfs(rel, h["size"])
             out[rel] = (h["size"], h["sha256"] if lfs else h["sha1"], lfs)
         head = hashlib.sha1(json.dumps(sorted(out.items())).encode()).hexdigest()
-        return head, out
+        return head, out, {}
 
     def read(self, repo_id: str, path: str, revision: str) -> str:
-        return (self.root / repo_id / path).read_text(encoding="utf-8")
+        return (self.folder(repo_id) / path).read_text(encoding="utf-8", errors="replace")
 
 
-def plan_repo(remote: HubRemote | FolderRemote, build: BuildConfig, folder: Path, repo_id: str, cache: HashCache,
-              force: str | None) -> RepoPlan:
-    head, remote_files = remote.state(repo_id)
-    local = sorted(p for p in folder.rglob("*") if p.is_file())
-    hashes = cache.hash_all(local)
+def plan_repo(remote: HubRemote | FolderRemote, build: BuildConfig, folder: Path, repo_id: str,
+              local: dict[str, dict[str, Any]], force: str | None, retag: bool = False,
+              create_pr: bool = False) -> RepoPlan:
+    """What a push of ``local`` (from ``checked_files``) would change in ``repo_id``; reads, never writes."""
+    head, remote_files, tags = remote.state(repo_id)
     plan = RepoPlan(repo_id, build.name, head is not None, head)
-    seen = set()
-    for p in local:
-        rel = p.relative_to(folder).as_posix()
-        h = hashes[p]
+    for rel, h in local.items():
         remote_entry = remote_files.get(rel)
         # compare the way the remote stores the file (its LFS rules are its own); a new file by ours
         lfs = remote_entry[2] if remote_entry is not None and h["sha1"] is not None else is_lfs(rel, h["size"])
@@ -233,21 +419,37 @@ def plan_repo(remote: HubRemote | FolderRemote, build: BuildConfig, folder: Path
         theirs = remote_entry[1] if remote_entry is not None else None
         action: Action = "add" if remote_entry is None else "unchanged" if mine == theirs else "modify"
         plan.files.append(FilePlan(rel, action, h["size"], "lfs" if lfs else "git", mine, theirs))
-        seen.add(rel)
     for rel, (size, theirs, lfs) in sorted(remote_files.items()):
-        if rel not in seen and rel != ".gitattributes":
+        if rel not in local and rel != ".gitattributes":
             plan.files.append(FilePlan(rel, "delete", size, "lfs" if lfs else "git", None, theirs))
     readme = next((f for f in plan.files if f.path == "README.md"), None)
     if readme is not None and readme.action != "unchanged":
         old = remote.read(repo_id, "README.md", head).splitlines() if readme.action == "modify" and head else []
-        new = (folder / "README.md").read_text(encoding="utf-8").splitlines()
+        new = (folder / "README.md").read_text(encoding="utf-8", errors="replace").splitlines()
         plan.readme_diff = "\n".join(difflib.unified_diff(old, new, "remote/README.md", "local/README.md",
                                                           lineterm=""))
-    prov = json.loads((folder / "provenance.json").read_text()) if (folder / "provenance.json").is_file() else {}
+    prov = folder / "provenance.json"
+    try:
+        revision = json.loads(prov.read_text())["source"]["revision"] if prov.is_file() else "unknown"
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ReleaseError(f"{prov}: no source revision ({type(exc).__name__}); rerun 'release build "
+                           f"{build.name}'") from exc
     plan.commit_message = f"release {__version__}: {build.name} ({build.recipe}, {build.calibrator.method})" \
-        f" from {prov.get('source', {}).get('revision', 'unknown')[:12]}"
+        f" from {str(revision)[:12]}"
     if force:
         plan.commit_message += f" [forced past verification: {force}]"
+    if isinstance(remote, HubRemote) and not create_pr:
+        plan.tag_target = tags.get(plan.tag)
+        if plan.tag_target is None:
+            plan.tag_action = "create"
+        elif not plan.changes and plan.tag_target == head:
+            plan.tag_action = "unchanged"
+        elif retag:
+            plan.tag_action = "move"
+        else:
+            now = "the new commit" if plan.changes else f"the head {head[:12] if head else ''}"
+            raise ReleaseError(f"{repo_id}: tag {plan.tag} already points at {plan.tag_target[:12]}, not at {now}; "
+                               "nothing was pushed: pass --retag to move the tag, or release under a new version")
     return plan
 
 
@@ -258,6 +460,13 @@ def _human(n: int) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{n} B"
+
+
+def _tag_line(p: RepoPlan) -> str:
+    on = "the new commit" if p.changes else f"`{(p.head or '')[:12]}`"
+    return {"create": f"Tag `{p.tag}`: create on {on}.",
+            "move": f"Tag `{p.tag}`: move from `{(p.tag_target or '')[:12]}` to {on} (--retag).",
+            "unchanged": f"Tag `{p.tag}`: unchanged, already on `{(p.head or '')[:12]}`.", "none": ""}[p.tag_action]
 
 
 def render_plan(plans: list[RepoPlan], request: PushRequest) -> str:
@@ -280,38 +489,82 @@ def render_plan(plans: list[RepoPlan], request: PushRequest) -> str:
                       "", "| file | action | size | storage |", "|---|---|---:|---|"]
             lines += [f"| `{f.path}` | {f.action} | {_human(f.size)} | {f.storage} |" for f in p.changes]
             lines.append("")
+        if p.tag_action != "none":
+            lines += [_tag_line(p), ""]
         if p.readme_diff:
             lines += ["<details><summary>README.md diff</summary>", "", "```diff", p.readme_diff, "```", "",
                       "</details>", ""]
     return "\n".join(lines)
 
 
-def _mismatches(remote: HubRemote | FolderRemote, plan: RepoPlan, folder: Path, cache: HashCache) -> list[str]:
-    """Files whose remote hash differs from the local file's, compared the way the remote stores each."""
-    _, after = remote.state(plan.repo_id)
+def _changed_after_hashing(path: Path) -> GateError:
+    return GateError(f"{path}: changed after this push hashed it; nothing was published from it; run 'release push' "
+                     "again")
+
+
+def _operation(folder: Path, f: FilePlan, hashed: dict[str, Any]) -> Any:
+    """The upload of one file, holding exactly the bytes that were hashed: small files are read once into memory
+    and hashed again; for large ones huggingface_hub's own sha256 (the LFS object id) must equal ours."""
+    from huggingface_hub import CommitOperationAdd
+
+    path = folder / f.path
+    if f.size < LFS_THRESHOLD:
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != hashed["sha256"]:
+            raise _changed_after_hashing(path)
+        return CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=data)
+    op = CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=str(path))
+    if op.upload_info.sha256.hex() != hashed["sha256"]:  # the LFS upload is checked against this id by the server
+        raise _changed_after_hashing(path)
+    return op
+
+
+def _mismatches(remote: HubRemote, plan: RepoPlan, local: dict[str, dict[str, Any]]) -> list[str]:
+    """Files whose remote hash differs from the hash the plan approved, compared the way the remote stores each."""
+    _, after, _ = remote.state(plan.repo_id)
     wrong = []
     for f in plan.files:
         if f.action == "delete":
             continue
-        entry = after.get(f.path)
-        local = cache.hash_all([folder / f.path])[folder / f.path]
-        if entry is None or entry[1] != (local["sha256"] if entry[2] else local["sha1"]):
+        entry, mine = after.get(f.path), local[f.path]
+        if entry is None or entry[1] != (mine["sha256"] if entry[2] else mine["sha1"]):
             wrong.append(f.path)
     return wrong
 
 
-def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequest, cache: HashCache) -> str:
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
+def _tag(remote: HubRemote, plan: RepoPlan, commit: str) -> str:
+    """Carry out the plan's tag action on ``commit``; says only what happened."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if plan.tag_action == "unchanged":
+        return f"tag {plan.tag} already on {commit[:12]}"
+    try:
+        if plan.tag_action == "move":
+            remote.api.delete_tag(plan.repo_id, tag=plan.tag)
+        remote.api.create_tag(plan.repo_id, tag=plan.tag, revision=commit)  # a tag made meanwhile: an error
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        raise ReleaseError(f"{plan.repo_id}: {commit[:12]} is on the branch, but tagging it {plan.tag} failed "
+                           f"(HTTP {status}); check the repo's tags, then run 'release push' again (with --retag "
+                           "if the tag exists)") from exc
+    if plan.tag_action == "move":
+        return f"moved tag {plan.tag} from {(plan.tag_target or '')[:12]} to {commit[:12]}"
+    return f"tagged {plan.tag}"
+
+
+def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequest,
+              local: dict[str, dict[str, Any]]) -> str:
+    from huggingface_hub import CommitOperationDelete
     from huggingface_hub.errors import HfHubHTTPError
 
     if not plan.changes:
-        return f"{plan.repo_id}: no changes, nothing uploaded"
+        tagged = f"; {_tag(remote, plan, plan.head)}" if plan.head and plan.tag_action != "none" else ""
+        return f"{plan.repo_id}: no changes, nothing uploaded{tagged}"
     api = remote.api
+    ops: list[Any] = [_operation(folder, f, local[f.path]) for f in plan.changes if f.action in ("add", "modify")]
+    ops += [CommitOperationDelete(path_in_repo=f.path) for f in plan.changes if f.action == "delete"]
     if not plan.exists:
         api.create_repo(plan.repo_id, exist_ok=True)
-    ops: list[Any] = [CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=str(folder / f.path))
-                      for f in plan.changes if f.action in ("add", "modify")]
-    ops += [CommitOperationDelete(path_in_repo=f.path) for f in plan.changes if f.action == "delete"]
     try:
         info = api.create_commit(plan.repo_id, operations=ops, commit_message=plan.commit_message,
                                  parent_commit=plan.head, create_pr=request.create_pr)
@@ -324,49 +577,67 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
     commit = info.oid
     if request.create_pr:
         return f"{plan.repo_id}: opened {info.pr_url}"
-    api.create_tag(plan.repo_id, tag=f"v{__version__}", revision=commit, exist_ok=True)
-    wrong = _mismatches(remote, plan, folder, cache)
+    wrong = _mismatches(remote, plan, local)
     if wrong:
-        raise ReleaseError(f"{plan.repo_id}: after the push the remote {wrong[0]} does not match the local file")
-    return f"{plan.repo_id}: committed {commit[:12]} ({len(ops)} files), tagged v{__version__}, checksums verified"
+        raise ReleaseError(f"{plan.repo_id}: committed {commit[:12]}, but the remote {wrong[0]} does not match the "
+                           "hashed local file; not tagged")
+    return f"{plan.repo_id}: committed {commit[:12]} ({len(ops)} files), {_tag(remote, plan, commit)}, " \
+        "checksums verified"
 
 
-def _push_folder(remote: FolderRemote, plan: RepoPlan, folder: Path, cache: HashCache) -> str:
+def _copy_hashed(src: Path, dst: Path, sha256: str) -> None:
+    """Copy ``src`` to ``dst`` hashing the bytes written; they must be the bytes the plan hashed."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with src.open("rb") as fin, dst.open("wb") as fout:
+        while chunk := fin.read(CHUNK):
+            h.update(chunk)
+            fout.write(chunk)
+    if h.hexdigest() != sha256:
+        raise _changed_after_hashing(src)
+
+
+def _push_folder(remote: FolderRemote, plan: RepoPlan, folder: Path, local: dict[str, dict[str, Any]]) -> str:
+    """Write the repo beside its old copy, each file checked against its planned hash while it is copied, and swap
+    it in only when complete (``atomic_dir``): a failure leaves the old copy and no staging folder."""
     if not plan.changes:
         return f"{plan.repo_id}: no changes, nothing copied"
-    dest = remote.root / plan.repo_id
-    staging = dest.with_name(f".{dest.name}.tmp")
-    if staging.exists():
-        shutil.rmtree(staging)
-    shutil.copytree(folder, staging)
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(staging, dest)
-    wrong = _mismatches(remote, plan, folder, cache)
-    if wrong:
-        raise ReleaseError(f"{dest}: {wrong[0]} does not match the local file after copying")
+    dest = remote.folder(plan.repo_id)
+    with atomic_dir(dest) as staging:
+        for f in plan.files:
+            if f.action != "delete":
+                _copy_hashed(folder / f.path, staging / f.path, local[f.path]["sha256"])
     return f"{plan.repo_id}: {len(plan.changes)} changes published to {dest}, checksums verified"
 
 
 def run_push(request: PushRequest) -> str:
-    """Plan every repo; for a dry run return the plan, else push and return the plan plus what happened."""
+    """Plan every repo; for a dry run return the plan, else push and return the plan plus what happened.
+
+    A push to a folder holds ``TARGET/.release-push.lock`` from the plan to the last copy: a second push to the
+    same target fails at once, naming the process that holds it.
+    """
     cache = HashCache(Path(os.environ.get(CACHE_ENV, ".cache/release")) / "hashes.json")
     remote: HubRemote | FolderRemote = FolderRemote(request.target, cache) if request.target \
         else HubRemote(request.endpoint)
-    plans = []
-    for build in request.builds:
-        plans.append(plan_repo(remote, build, request.dist / build.repo, f"{request.org}/{build.repo}", cache,
-                               request.force))
-    cache.save()
-    text = render_plan(plans, request)
-    if request.dry_run:
-        return text
-    done = []
-    for build, plan in zip(request.builds, plans, strict=True):
-        folder = request.dist / build.repo
-        if isinstance(remote, FolderRemote):
-            done.append(_push_folder(remote, plan, folder, cache))
-        else:
-            done.append(_push_hub(remote, plan, folder, request, cache))
-    cache.save()
+    lock = exclusive_lock(request.target / LOCK_NAME, f"push to {request.target}") \
+        if request.target is not None and not request.dry_run else nullcontext()
+    with lock:
+        plans, hashes = [], []
+        for build in request.builds:
+            folder = request.dist / build.repo
+            local = checked_files(folder, build.name, request.reports.get(build.name), cache)
+            hashes.append(local)
+            plans.append(plan_repo(remote, build, folder, f"{request.org}/{build.repo}", local, request.force,
+                                   request.retag, request.create_pr))
+        cache.save()
+        text = render_plan(plans, request)
+        if request.dry_run:
+            return text
+        done = []
+        for build, plan, local in zip(request.builds, plans, hashes, strict=True):
+            folder = request.dist / build.repo
+            if isinstance(remote, FolderRemote):
+                done.append(_push_folder(remote, plan, folder, local))
+            else:
+                done.append(_push_hub(remote, plan, folder, request, local))
     return text + "\n" + "\n".join(done) if request.fmt == "markdown" else "\n".join(done)

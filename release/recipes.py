@@ -2,12 +2,14 @@
 
 * SmoothQuant with a per-layer alpha search: smoothing scales are folded into the RMSNorm before each norm -> Linear
   group and into ``up_proj`` for ``down_proj``, so the exported checkpoint keeps the RTN build's structure.
-* Activation observers: a moving average of each call's maximum, and ModelOpt's histogram calibrator; their amax
-  values are loaded into ModelOpt's input quantizers after its max calibration.
+* Activation observers: a moving average of each call's maximum, the range-shrink observer (a moving average of each
+  call's signed bounds with 0.01 % of each tail dropped), and ModelOpt's histogram calibrator; their amax values are
+  loaded into ModelOpt's input quantizers after its max calibration.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -175,8 +177,33 @@ def _fold(model: torch.nn.Module, group: Group, s: torch.Tensor) -> None:
         w.data = new
 
 
+def tail_quantiles(x: torch.Tensor, q: float) -> torch.Tensor:
+    """The ``q`` and ``1 - q`` quantiles of ``x``'s signed values, ``torch.stack([lo, hi])``.
+
+    The convention is ``torch.quantile``'s default ``'linear'``: of the sorted values ``v``, the rank ``q * (n - 1)``
+    interpolated between its two neighbours (and mirrored from the top for ``1 - q``), the rank in float64 (on a
+    float32 tensor ``torch.quantile`` rounds the rank to float32, off by up to ``n * 2^-24``). ``torch.quantile``
+    refuses more than 2^24 elements, so each tail's neighbours are selected with ``topk`` (its ``floor(rank) + 2``
+    smallest or largest values), which is exact and sorts only the tail.
+    """
+    flat = x.reshape(-1).float()
+    n = flat.numel()
+    rank = q * (n - 1)
+    i = math.floor(rank)
+    bounds = []
+    for largest in (False, True):
+        tail = flat.topk(min(i + 2, n), largest=largest).values  # sorted from the tail's end
+        bounds.append(torch.lerp(tail[i], tail[min(i + 1, n - 1)], rank - i))
+    return torch.stack(bounds)
+
+
 class Observer:
-    """Input amax per quantized Linear from the calibration calls, for calibrators other than ModelOpt's max."""
+    """Input amax per quantized Linear from the calibration calls, for calibrators other than ModelOpt's max.
+
+    ``moving_average`` and ``range_shrink`` share one exponential moving average over the calls (the first call
+    initialises it): of each call's max |x|, or of each call's signed bounds after dropping ``shrink_percent`` percent
+    from each tail (Texas Instruments edgeai-tensorlab's range-shrink observer, amax = max(|lo|, |hi|)).
+    """
 
     def __init__(self, calibrator: Calibrator, names: list[str]) -> None:
         self.calibrator = calibrator
@@ -187,11 +214,13 @@ class Observer:
 
     def record(self, name: str, x: torch.Tensor) -> None:
         _finite(x, name, self.call)
-        if self.calibrator.method == "moving_average":
-            cur = x.abs().amax().float()
+        method = self.calibrator.method
+        if method in ("moving_average", "range_shrink"):
+            cur = x.abs().amax().float() if method == "moving_average" \
+                else tail_quantiles(x, self.calibrator.shrink_percent / 100)
             prev = self.ema.get(name)
             self.ema[name] = cur if prev is None else prev + self.calibrator.momentum * (cur - prev)
-        elif self.calibrator.method == "histogram":
+        elif method == "histogram":
             from modelopt.torch.quantization.calib import HistogramCalibrator
 
             if name not in self.hist:
@@ -199,8 +228,9 @@ class Observer:
             self.hist[name].collect(x.float())
 
     def amax(self) -> dict[str, torch.Tensor]:
-        if self.calibrator.method == "moving_average":
-            return self.ema
+        if self.calibrator.method in ("moving_average", "range_shrink"):
+            # a max |x| is its own amax; range-shrink bounds give max(|lo|, |hi|)
+            return {n: v.abs().amax() for n, v in self.ema.items()}
         if self.calibrator.method == "histogram":
             return {n: c.compute_amax("percentile", percentile=self.calibrator.percentile).float()
                     for n, c in self.hist.items()}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import math
 import re
+import zipfile
+import zlib
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -14,16 +17,18 @@ import pandas as pd
 from release import ReleaseError
 from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
 from release.evaluate import RESULTS, YARDSTICKS
-from release.io import atomic_write, write_json
+from release.io import atomic_write, output_folder, write_json
 from release.stats import (
+    Difference,
     PerObservation,
+    Summary,
     attribution,
+    cluster_counts,
     gate,
     overall,
     paired_difference,
     per_observation,
-    resample_counts,
-    resample_indices,
+    ratio,
     summarize,
 )
 
@@ -56,7 +61,7 @@ class TablesRequest:
             if not builds:
                 raise ReleaseError(f"{dist}: no build has results; run 'release eval NAME' first")
         load_build(baseline)
-        return cls(release, builds, dist, out or dist / "tables", baseline, resamples)
+        return cls(release, builds, dist, output_folder(out or dist / "tables"), baseline, resamples)
 
 
 @dataclass(frozen=True)
@@ -65,118 +70,226 @@ class Result:
     path: str
     split: str
     per_obs: PerObservation
-    obs_ids: np.ndarray
+    file: Path
 
 
-def load_results(folder: Path, build: BuildConfig) -> list[Result]:
+RESULT_ARRAYS = ("reference", "candidate", "obs_ids", "sigma")
+TOO_FEW = "too few observations"
+
+
+def read_results(file: Path, dims: int) -> PerObservation:
+    """A results file of ``release eval`` or ``import-served`` (reference, candidate [N, chunk, dims], obs_ids [N],
+    sigma [dims]), checked before any statistic: a damaged or inconsistent file is a one-line error naming it and
+    the observation or dimension at fault, never NaN figures or a crash later in ``release card``."""
+    fix = "re-run 'release eval' (or 'release import-served') to rewrite it"
+    try:
+        with np.load(file, allow_pickle=False) as data:
+            missing = [k for k in RESULT_ARRAYS if k not in data.files]
+            if missing:
+                raise ReleaseError(f"{file}: array '{missing[0]}' is missing (a results file holds "
+                                   f"{', '.join(RESULT_ARRAYS)}); {fix}")
+            ref, cand, ids, sigma = (data[k] for k in RESULT_ARRAYS)
+    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError) as exc:
+        reason = next(iter(str(exc).splitlines()), "") or type(exc).__name__
+        raise ReleaseError(f"{file}: not a readable results file ({reason}); {fix}") from exc
+    for name, array in (("reference", ref), ("candidate", cand), ("sigma", sigma)):
+        if array.dtype.kind not in "fiu":
+            raise ReleaseError(f"{file}: array '{name}' holds {array.dtype}, not numbers; {fix}")
+    if ids.dtype.kind not in "iu":
+        raise ReleaseError(f"{file}: 'obs_ids' holds {ids.dtype}, not integer observation ids; {fix}")
+    if ref.ndim != 3 or 0 in ref.shape or ref.shape[2] != dims or cand.shape != ref.shape:
+        raise ReleaseError(f"{file}: 'reference' {list(ref.shape)} and 'candidate' {list(cand.shape)} must both be "
+                           f"[N, chunk, {dims}] with N and chunk >= 1; {fix}")
+    if ids.shape != (ref.shape[0],) or sigma.shape != (dims,):
+        raise ReleaseError(f"{file}: 'obs_ids' {list(ids.shape)} and 'sigma' {list(sigma.shape)} must be "
+                           f"[{ref.shape[0]}] and [{dims}]; {fix}")
+    bad_sigma = ~(np.isfinite(sigma) & (sigma > 0))
+    if bad_sigma.any():
+        d = int(np.argmax(bad_sigma))
+        raise ReleaseError(f"{file}: sigma[{d}] is {sigma[d]}; every dimension's sigma must be a positive finite "
+                           f"number (the action_stats named in builds/release.yaml); {fix}")
+    for name, array in (("reference", ref), ("candidate", cand)):
+        bad_rows = ~np.isfinite(array).reshape(len(array), -1).all(axis=1)
+        if bad_rows.any():
+            i = int(np.argmax(bad_rows))
+            raise ReleaseError(f"{file}: '{name}' of observation {int(ids[i])} (row {i}) holds NaN or Inf; {fix}")
+    with np.errstate(over="ignore", invalid="ignore"):
+        po = per_observation(ref, cand, sigma, ids)
+    too_large = ~(np.isfinite(po.sq_err) & np.isfinite(po.sq_sig))
+    if too_large.any():
+        i = int(np.argmax(too_large))
+        raise ReleaseError(f"{file}: the actions of observation {int(ids[i])} (row {i}) are too large to square in "
+                           f"sigma units; {fix}")
+    return po
+
+
+def load_results(folder: Path, build: BuildConfig, dims: int) -> list[Result]:
     out = []
     for file in sorted((folder / RESULTS).glob("*.npz")):
         m = RESULT_FILE.match(file.name)
-        if not m:
-            continue
-        data = np.load(file)
-        po = per_observation(data["reference"], data["candidate"], data["sigma"])
-        out.append(Result(build, m.group(1), m.group(2), po, data["obs_ids"]))
+        if m:
+            out.append(Result(build, m.group(1), m.group(2), read_results(file, dims), file))
     return out
 
 
-def _yardstick(dist: Path, kind: str, split: str) -> PerObservation | None:
+def _yardstick(dist: Path, kind: str, split: str, dims: int) -> PerObservation | None:
     path = dist / YARDSTICKS / f"{kind}-{split}.npz"
-    if not path.is_file():
-        return None
-    data = np.load(path)
-    return per_observation(data["reference"], data["candidate"], data["sigma"])
+    return read_results(path, dims) if path.is_file() else None
 
 
-def _fmt_ci(ci: tuple[float, float], sign: bool = False) -> str:
-    f = "{:+.3f}" if sign else "{:.3f}"
-    return f"[{f.format(ci[0])}, {f.format(ci[1])}]"
+def comparison_families(request: TablesRequest) -> Counter[tuple[str, str]]:
+    """Bonferroni's m of each (path, split): every build of the dist with results there, the baseline aside, whichever
+    builds the command names."""
+    builds = {b.name: b for b in [*map(load_build, available_builds()), *request.builds]}
+    families: Counter[tuple[str, str]] = Counter()
+    for b in builds.values():
+        if b.name != request.baseline:
+            matches = (RESULT_FILE.match(f.name) for f in (request.dist / b.repo / RESULTS).glob("*.npz"))
+            families.update((m.group(1), m.group(2)) for m in matches if m)
+    return families
 
 
-def build_tables(request: TablesRequest) -> dict[str, pd.DataFrame]:
-    results = [r for b in request.builds for r in load_results(request.dist / b.repo, b)]
+def _comparison(d: Difference | None, att: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A record's comparison with the baseline: all None for the baseline itself and the yardsticks."""
+    fields = {"diff_to_baseline": "diff", "diff_ci": "ci", "diff_ci_corrected": "ci_corrected", "diff_p": "p",
+              "diff_p_corrected": "p_corrected", "diff_p_bound": "p_bound", "comparisons": "comparisons",
+              "diff_too_few_observations": "too_few_observations"}
+    return {key: None if d is None else getattr(d, name) for key, name in fields.items()} | {"attribution": att}
+
+
+def build_tables(request: TablesRequest) -> tuple[list[dict[str, Any]], dict[str, pd.DataFrame]]:
+    """The records of tables.json (one per build, path and split, then the yardsticks) and the CSV tables."""
+    dims = request.release.policy.action_dims
+    results = [r for b in request.builds for r in load_results(request.dist / b.repo, b, dims)]
     baseline_build = load_build(request.baseline)
-    baselines = {(r.path, r.split): r for r in load_results(request.dist / baseline_build.repo, baseline_build)}
+    baselines = {(r.path, r.split): r
+                 for r in load_results(request.dist / baseline_build.repo, baseline_build, dims)}
+    families = comparison_families(request)
+    splits = sorted({r.split for r in results})
+    yardsticks = {(kind, split): _yardstick(request.dist, kind, split, dims)
+                  for kind in ("compile", "seed") for split in splits}
+    counts_cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    def counts(po: PerObservation) -> np.ndarray:
+        key = tuple(po.obs_ids.tolist())
+        if key not in counts_cache:
+            counts_cache[key] = cluster_counts(po.obs_ids, request.resamples, BOOTSTRAP_SEED)
+        return counts_cache[key]
+
+    def x_compile(s: Summary, split: str) -> float | None:
+        compile_ys = yardsticks[("compile", split)]
+        return None if compile_ys is None else ratio(s.overall_sigma, float(overall(compile_ys)))
+
     records: list[dict[str, Any]] = []
     attributions: list[dict[str, Any]] = []
-    counts_cache: dict[int, np.ndarray] = {}
     for r in results:
-        n = r.per_obs.n
-        if n not in counts_cache:
-            counts_cache[n] = resample_counts(resample_indices(n, request.resamples, BOOTSTRAP_SEED), n)
-        counts = counts_cache[n]
-        s = summarize(r.per_obs, counts)
-        compile_ys = _yardstick(request.dist, "compile", r.split)
-        ratio = s.overall_sigma / float(overall(compile_ys)) \
-            if compile_ys is not None and compile_ys.sq_err.sum() > 0 else None
+        s = summarize(r.per_obs, counts(r.per_obs))
         record: dict[str, Any] = {"build": r.build.name, "title": r.build.title, "delivered": r.build.delivered,
-                                  "path": r.path, "split": r.split, **asdict(s), "x_eager_vs_compile": ratio,
-                                  "gate": gate(s, r.build.gate.overall_sigma, r.build.gate.gripper_change_rate)}
+                                  "path": r.path, "split": r.split, **asdict(s),
+                                  "x_eager_vs_compile": x_compile(s, r.split),
+                                  "gate": gate(s, r.build.gate.overall_sigma, r.build.gate.gripper_change_rate),
+                                  **_comparison(None)}
         base = baselines.get((r.path, r.split))
-        if base is not None and r.build.name != request.baseline and np.array_equal(base.obs_ids, r.obs_ids):
-            peers = {x.build.name for x in results if (x.path, x.split) == (r.path, r.split)} - {request.baseline}
-            paired = paired_difference(r.per_obs, base.per_obs, counts, comparisons=len(peers))
-            record.update({"diff_to_baseline": paired["diff"], "diff_ci": paired["ci"],
-                           "diff_ci_corrected": paired["ci_corrected"], "diff_p": paired["p"],
-                           "diff_p_corrected": paired["p_corrected"], "comparisons": len(peers)})
-            att = attribution(r.per_obs, base.per_obs, r.obs_ids)
+        if base is not None and r.build.name != request.baseline:
+            if not np.array_equal(base.per_obs.obs_ids, r.per_obs.obs_ids):
+                raise ReleaseError(f"{r.file}: obs_ids differ from those of the baseline's {base.file}; a paired "
+                                   "comparison needs the same observations in the same order: re-run 'release eval "
+                                   f"{r.build.name} {request.baseline} --path {r.path} --split {r.split}'")
+            d = paired_difference(r.per_obs, base.per_obs, counts(r.per_obs), families[(r.path, r.split)])
+            att = attribution(r.per_obs, base.per_obs)
             attributions.append({"build": r.build.name, "path": r.path, "split": r.split, **att})
-            record["attribution"] = att
+            record.update(_comparison(d, att))
         records.append(record)
-    for split in sorted({r.split for r in results}):
+    for split in splits:
         for kind, title in (("compile", "BF16 eager vs BF16 torch.compile (yardstick)"),
                             ("seed", "BF16 seed vs BF16 other seed (yardstick)")):
-            ys, compile_ys = _yardstick(request.dist, kind, split), _yardstick(request.dist, "compile", split)
-            if ys is not None and compile_ys is not None:
-                counts = resample_counts(resample_indices(ys.n, request.resamples, BOOTSTRAP_SEED), ys.n)
-                s = summarize(ys, counts)
+            ys = yardsticks[(kind, split)]
+            if ys is not None:
+                s = summarize(ys, counts(ys))
                 records.append({"build": f"yardstick-{kind}", "title": title, "delivered": False,
                                 "path": "yardstick", "split": split, **asdict(s), "gate": None,
-                                "x_eager_vs_compile": s.overall_sigma / float(overall(compile_ys))})
+                                "x_eager_vs_compile": x_compile(s, split), **_comparison(None)})
     if not records:
         raise ReleaseError(f"{request.dist}: no result files; run 'release eval' first")
-    frame = pd.DataFrame.from_records(records)
-    tables = {"records": frame}
-    tables["fidelity"] = _formatted(frame[(frame.path != "served") & (frame.path != "yardstick")])
-    tables["served"] = _formatted(frame[frame.path == "served"])
-    ranked = frame[frame.path != "yardstick"].sort_values(["path", "split", "overall_sigma"], kind="stable")
-    tables["ranking"] = pd.DataFrame({
-        "path": ranked.path, "split": ranked.split, "build": ranked.title,
-        "sigma [95% CI]": [f"{o:.3f} {_fmt_ci(c)}" for o, c in zip(ranked.overall_sigma, ranked.overall_ci,
-                                                                    strict=True)],
-        "vs baseline [95% CI]": [
-            "-" if not isinstance(c, tuple | list) else f"{d:+.3f} {_fmt_ci(tuple(c), sign=True)}"
-            for d, c in zip(ranked.get("diff_to_baseline", pd.Series([np.nan] * len(ranked))),
-                            ranked.get("diff_ci", pd.Series([None] * len(ranked))), strict=True)],
-        "changes": ranked.gripper_changes,
-    })
-    tables["attribution"] = pd.DataFrame(attributions)
-    return tables
+    measured = [r for r in records if r["path"] != "yardstick"]
+    ranked = sorted(measured, key=lambda r: (r["path"], r["split"], r["overall_sigma"]))
+    tables = {
+        "fidelity": _formatted([r for r in measured if r["path"] != "served"]),
+        "served": _formatted([r for r in measured if r["path"] == "served"]),
+        "ranking": pd.DataFrame({
+            "path": [r["path"] for r in ranked], "split": [r["split"] for r in ranked],
+            "build": [r["title"] for r in ranked],
+            "sigma [95% CI]": [_estimate(r["overall_sigma"], r["overall_ci"]) for r in ranked],
+            "vs baseline [Bonferroni-corrected 95% CI]": [
+                "-" if r["comparisons"] is None else _estimate(r["diff_to_baseline"], r["diff_ci_corrected"], "+.3f")
+                for r in ranked],
+            "p (Bonferroni-corrected)": [_p(r) for r in ranked],
+            "m": pd.array([r["comparisons"] for r in ranked], dtype="Int64"),
+            "changes": [r["gripper_changes"] for r in ranked],
+        }),
+        "attribution": pd.DataFrame(attributions),
+    }
+    return records, tables
 
 
-def _formatted(fid: pd.DataFrame) -> pd.DataFrame:
+def _num(value: float | None, spec: str = ".3f") -> str:
+    """A CSV cell: None (undefined) is "-", an infinity is ∞."""
+    if value is None:
+        return "-"
+    if math.isinf(value):
+        return "∞" if value > 0 else "-∞"
+    return format(value, spec)
+
+
+def _estimate(value: float, ci: tuple[float, float] | None, spec: str = ".3f") -> str:
+    """A point estimate with its interval, or with the reason there is none."""
+    interval = f"[{_num(ci[0], spec)}, {_num(ci[1], spec)}]" if ci is not None else f"({TOO_FEW})"
+    return f"{_num(value, spec)} {interval}"
+
+
+def _p(record: dict[str, Any]) -> str:
+    p = record["diff_p_corrected"]
+    if record["comparisons"] is None:
+        return "-"
+    if p is None:
+        return TOO_FEW
+    text = np.format_float_positional(p, precision=6, trim="-")  # 2 / resamples needs 6 decimals at 10^6
+    return f"< {text}" if record["diff_p_bound"] else text
+
+
+def _formatted(records: list[dict[str, Any]]) -> pd.DataFrame:
     """The seed card's fidelity columns, formatted."""
     return pd.DataFrame({
-        "build": fid.title, "path": fid.path, "split": fid.split,
-        "overall (sigma) [95% CI]": [f"{o:.3f} {_fmt_ci(c)}" for o, c in zip(fid.overall_sigma, fid.overall_ci,
-                                                                              strict=True)],
-        "x eager-vs-compile": ["-" if x is None or x != x else f"{x:.2f}" for x in fid.x_eager_vs_compile],
-        "joint MAE (deg)": [f"{v:.2f}" for v in fid.joint_mae_deg],
-        "SNR (dB)": [f"{v:.1f}" for v in fid.snr_db],
-        "gripper agree [95% CI]": [f"{a * 100:.2f}% [{c[0] * 100:.2f}, {c[1] * 100:.2f}]"
-                                   for a, c in zip(fid.gripper_agree, fid.gripper_ci, strict=True)],
-        "changes": list(fid.gripper_changes),
-        "gate": ["pass" if g else "fail" for g in fid.gate],
+        "build": [r["title"] for r in records], "path": [r["path"] for r in records],
+        "split": [r["split"] for r in records],
+        "overall (sigma) [95% CI]": [_estimate(r["overall_sigma"], r["overall_ci"]) for r in records],
+        "x eager-vs-compile": [_num(r["x_eager_vs_compile"], ".2f") for r in records],
+        "joint MAE (deg)": [_num(r["joint_mae_deg"], ".2f") for r in records],
+        "SNR (dB)": [_num(r["snr_db"], ".1f") for r in records],
+        "gripper agree [95% CI]": [f"{r['gripper_agree'] * 100:.2f}% [{r['gripper_ci'][0] * 100:.2f}, "
+                                   f"{r['gripper_ci'][1] * 100:.2f}]" for r in records],
+        "changes": [r["gripper_changes"] for r in records],
+        "gate": ["pass" if r["gate"] else "fail" for r in records],
     })
+
+
+def _json(value: Any) -> Any:
+    """Plain JSON: tuples as lists and an infinity as the string "inf" or "-inf" (JSON has none; ``release card``
+    reads it back with float()). Undefined values are already None (null)."""
+    if isinstance(value, dict):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json(v) for v in value]
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
 
 
 def run_tables(request: TablesRequest) -> dict[str, pd.DataFrame]:
-    tables = build_tables(request)
+    records, tables = build_tables(request)
     request.out.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
-        if name != "records":
-            atomic_write(request.out / f"{name}.csv", frame.to_csv(index=False))
-    records = json.loads(tables["records"].to_json(orient="records"))
+        atomic_write(request.out / f"{name}.csv", frame.to_csv(index=False))
     write_json(request.out / "tables.json", {"baseline": request.baseline, "resamples": request.resamples,
-                                              "bootstrap_seed": BOOTSTRAP_SEED, "records": records})
+                                              "bootstrap_seed": BOOTSTRAP_SEED, "records": _json(records)})
     return tables

@@ -2,39 +2,79 @@
 
 Six checks, as in the seed card's "Verification" table: layout (safetensors headers only), quantization configs,
 ModelOpt state files, values (recomputed from the source), index consistency, and loadability in diffusers.
-Every problem is reported by file and tensor; nothing here raises on a damaged checkpoint.
+Every problem is reported by file and tensor; nothing here raises on a damaged checkpoint. The report also holds a
+manifest, the sha256 and size of every file the checks saw, hashed before they ran: ``release push`` publishes a
+build only while its files are exactly those bytes (plus the cards and results, written after verification).
 """
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import json
 import math
+import os
+import stat
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from release import ReleaseError
 from release.config import BuildConfig, ReleaseConfig, load_build, load_release
-from release.io import atomic_write, write_json
+from release.io import atomic_write, sha256_file, write_json
 from release.source import resolve_source
 
 REPORT_DIR = "verification"
-TOOL_SIDECARS = ("provenance.json", "smoothing_scales.safetensors")
+REPORT_JSON = f"{REPORT_DIR}/report.json"
+REPORT_MD = f"{REPORT_DIR}/report.md"
+REPORT_FORMAT = "release-verification/2"
+# Written after verification, by ``release card`` (the card files) and ``release eval`` / ``import-served`` (the
+# results): not in the manifest, pushed as they are (and scanned for secrets). ``*`` does not cross a ``/``.
+AFTER_VERIFICATION = ("README.md", "README.*.md", "LICENSE", "forest.*.png", "results/*.npz")
+TOOL_SIDECARS = ("provenance.json", "smoothing_scales.safetensors", "results/")  # results: `release eval`
 DOCUMENTATION = ("README", "LICENSE", ".gitattributes", "forest.png")
 BASE_MODEL_BRANCHES = ("sound_tokenizer/", "audio_")
 SHARD_INDEXES = {"transformer": "diffusion_pytorch_model.safetensors.index.json", "": "model.safetensors.index.json"}
+Status = Literal["passed", "failed", "skipped"]
 
 
 @dataclass
 class Check:
     name: str
-    passed: bool
+    status: Status
     summary: str
     details: dict[str, Any] = field(default_factory=dict)
-    skipped: bool = False
+
+
+def _status(ok: bool) -> Status:
+    return "passed" if ok else "failed"
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class Report(BaseModel):
+    """``verification/report.json``. ``status`` is ``incomplete`` when no check failed but some were skipped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["release-verification/2"]
+    build: str
+    repo: str
+    reference: str | None
+    status: Literal["passed", "failed", "incomplete"]
+    checks: list[Check]
+    manifest: dict[str, FileEntry] = Field(description="every file the checks saw (and report.md), by path")
+    after_verification: list[str] = Field(description="patterns of the files card and eval add afterwards")
 
 
 @dataclass(frozen=True)
@@ -130,7 +170,7 @@ def check_layout(folder: Path, reference: Path) -> Check:
     summary = f"{len(common)} common tensors, {len(differ)} dtype or shape differences; on one side only: {rest}"
     if failures:
         summary += f"; first problem: {failures[0]}"
-    return Check("layout", not failures, summary, {
+    return Check("layout", _status(not failures), summary, {
         "common_tensors": len(common), "dtype_or_shape_differences": differ, "problems": failures,
         "files_one_side": one_side,
     })
@@ -172,7 +212,7 @@ def check_quant_configs(folder: Path, reference: Path) -> Check:
         diffs += [f"{rel}: {d}" for d in _diff(ours, theirs)]
     failures = problems + diffs
     summary = "identical to the reference's" if not failures else f"{len(failures)} differences: {failures[0]}"
-    return Check("quantization_config", not failures, summary, {"differences": failures})
+    return Check("quantization_config", _status(not failures), summary, {"differences": failures})
 
 
 def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
@@ -224,7 +264,7 @@ def check_modelopt_states(folder: Path, reference: Path) -> Check:
     parts = [f"{c['common']}/{c['build_only']}/{c['reference_only']} common/build-only/reference-only entries, "
              f"{c['differ']} differ ({rel})" for rel, c in counts.items()]
     summary = "; ".join(parts) if not failures else f"{failures[0]}"
-    return Check("modelopt_state", not failures, summary, {"counts": counts, "problems": failures})
+    return Check("modelopt_state", _status(not failures), summary, {"counts": counts, "problems": failures})
 
 
 def _tensors(folder: Path, problems: list[str]) -> dict[str, torch.Tensor]:
@@ -275,7 +315,7 @@ def check_values(folder: Path, source: Path) -> Check:
     built = _tensors(folder / "transformer", problems)
     src = _tensors(source / "transformer", problems)
     if problems:
-        return Check("values", False, problems[0], {"problems": problems})
+        return Check("values", "failed", problems[0], {"problems": problems})
     arithmetic = provenance.get("recipe", {}).get("arithmetic", "native")
     if arithmetic == "native":
         arithmetic = str(provenance.get("device", "cpu")).split()[0]
@@ -322,7 +362,7 @@ def check_values(folder: Path, source: Path) -> Check:
     summary = (f"{len(fp8)} FP8 weights with positive finite scales, codes equal a recomputation from the source, "
                f"within {worst:.2f} FP8 steps of the {'smoothed ' if folded else ''}source weight; other tensors "
                f"equal the source{f' except {folded} norms / up_proj with folded smoothing' if folded else ''}")
-    return Check("values", not problems, summary if not problems else problems[0], {
+    return Check("values", _status(not problems), summary if not problems else problems[0], {
         "fp8_weights": len(fp8), "worst_fp8_steps": worst, "folded": folded, "problems": problems})
 
 
@@ -341,7 +381,7 @@ def check_consistency(folder: Path) -> Check:
     _headers(folder / "transformer", duplicates)
     problems += [d for d in duplicates if "also in" in d]
     summary = "both indexes list exactly the shards present; no tensor twice; no orphan file"
-    return Check("consistency", not problems, summary if not problems else problems[0], {"problems": problems})
+    return Check("consistency", _status(not problems), summary if not problems else problems[0], {"problems": problems})
 
 
 def check_loadable(request: VerifyRequest) -> Check:
@@ -350,22 +390,75 @@ def check_loadable(request: VerifyRequest) -> Check:
     from release.policy import load_pipeline, rollout
 
     if request.observations is None:
-        return Check("loadable", False, "no observation set to roll out on; pass --observations DIR")
+        return Check("loadable", "failed", "no observation set to roll out on; pass --observations DIR")
     try:
         transformer = load_build_transformer(request.folder)
         obs = split(load_observations(request.observations), request.release.calibration_labs)[0]
         pipe = load_pipeline(request.folder, request.release.policy, transformer=transformer)
         actions = rollout(pipe, obs, request.release.policy)
     except ReleaseError as exc:
-        return Check("loadable", False, str(exc))
+        return Check("loadable", "failed", str(exc))
     except Exception as exc:  # diffusers / ModelOpt refusing a damaged checkpoint
-        return Check("loadable", False, f"diffusers could not load or run the build: {str(exc).splitlines()[0]}")
-    return Check("loadable", True, f"loads in diffusers with ModelOpt's restore; one policy rollout gives finite "
+        return Check("loadable", "failed", f"diffusers could not load or run the build: {str(exc).splitlines()[0]}")
+    return Check("loadable", "passed", f"loads in diffusers with ModelOpt's restore; one policy rollout gives finite "
                                    f"actions {list(actions.shape)}")
+
+
+def build_files(folder: Path) -> list[str]:
+    """Every file of a build folder, relative and sorted, without following anything.
+
+    A link is refused by name (the Hub stores files, and a link can be re-pointed after its target was hashed), so is
+    a link loop and anything that is neither a regular file nor a folder (a pipe would block the reader).
+    """
+    out: list[str] = []
+    stack = [folder]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError as exc:
+            raise ReleaseError(f"{directory}: cannot be listed ({exc.strerror}); fix its permissions") from exc
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                raise ReleaseError(_link_refusal(path, folder))
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(path)
+            elif entry.is_file(follow_symlinks=False):
+                out.append(path.relative_to(folder).as_posix())
+            else:
+                kind = "pipe" if stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode) else "device or socket"
+                raise ReleaseError(f"{path}: a {kind}, not a regular file; remove it from the build folder")
+    return sorted(out)
+
+
+def _link_refusal(path: Path, folder: Path) -> str:
+    target = os.readlink(path)
+    try:
+        outside = not path.resolve(strict=True).is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # a loop (RuntimeError on Python 3.11) or a dangling link
+        return f"{path}: a link ({target}) that loops or points nowhere; remove it from the build folder"
+    where = ", outside the build folder" if outside else ""
+    return f"{path}: a link to {target}{where}; the Hub stores files, not links: replace it with the file or remove it"
+
+
+def after_verification(rel: str) -> bool:
+    return any(rel.count("/") == p.count("/") and fnmatch.fnmatchcase(rel, p) for p in AFTER_VERIFICATION)
+
+
+def file_manifest(folder: Path) -> dict[str, FileEntry]:
+    """sha256 and size of every file of the build (not ``verification/``, not what is added later), hashed afresh."""
+    files = [rel for rel in build_files(folder)
+             if not rel.startswith(f"{REPORT_DIR}/") and not after_verification(rel)]
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        sizes = [(folder / rel).stat().st_size for rel in files]
+        digests = list(pool.map(lambda rel: sha256_file(folder / rel), files))
+    return {rel: FileEntry(sha256=d, size=n) for rel, d, n in zip(files, digests, sizes, strict=True)}
 
 
 def verify(request: VerifyRequest) -> list[Check]:
     """Run every check, write ``verification/report.{json,md}`` into the build folder, return the checks."""
+    manifest = file_manifest(request.folder)  # before the checks: a file changed while they run fails the push
     checks: list[Check] = []
     runners: list[Callable[[], Check]] = []
     if request.reference is not None:
@@ -373,18 +466,23 @@ def verify(request: VerifyRequest) -> list[Check]:
         runners += [lambda: check_layout(request.folder, ref), lambda: check_quant_configs(request.folder, ref),
                     lambda: check_modelopt_states(request.folder, ref)]
     else:
-        checks += [Check(name, True, "skipped: no reference (build 'rtn' into the same folder, or run "
-                                     "'release verify --reference DIR')", skipped=True)
+        checks += [Check(name, "skipped", "skipped: no reference (build 'rtn' into the same folder, or run "
+                                          "'release verify --reference DIR')")
                    for name in ("layout", "quantization_config", "modelopt_state")]
     runners += [lambda: check_values(request.folder, request.source), lambda: check_consistency(request.folder),
                 lambda: check_loadable(request)]
     for run in runners:
         checks.append(run())
-    report = {"build": request.build.name, "repo": request.build.repo,
-              "reference": str(request.reference) if request.reference else None,
-              "passed": all(c.passed for c in checks), "checks": [asdict(c) for c in checks]}
-    write_json(request.folder / REPORT_DIR / "report.json", report)
-    atomic_write(request.folder / REPORT_DIR / "report.md", render_markdown(request, checks))
+    markdown = render_markdown(request, checks).encode()
+    manifest[REPORT_MD] = FileEntry(sha256=hashlib.sha256(markdown).hexdigest(), size=len(markdown))
+    statuses = {c.status for c in checks}
+    report = Report(format=REPORT_FORMAT, build=request.build.name, repo=request.build.repo,
+                    reference=request.reference.name if request.reference else None,  # no local path in it
+                    status="failed" if "failed" in statuses else "incomplete" if "skipped" in statuses else "passed",
+                    checks=checks, manifest=manifest,
+                    after_verification=list(AFTER_VERIFICATION))
+    atomic_write(request.folder / REPORT_MD, markdown)
+    write_json(request.folder / REPORT_JSON, report.model_dump(mode="json"))  # last: the gate reads this one
     return checks
 
 
@@ -392,8 +490,8 @@ def render_markdown(request: VerifyRequest, checks: list[Check]) -> str:
     ref = request.reference.name if request.reference else "none"
     lines = [f"# Verification of {request.build.repo}", "", f"Reference: `{ref}`", "", "| Check | Passed | Result |",
              "|---|---|---|"]
-    lines += [f"| {c.name} | {'skipped' if c.skipped else 'yes' if c.passed else 'NO'} | {c.summary} |"
-              for c in checks]
+    shown = {"passed": "yes", "failed": "NO", "skipped": "skipped"}
+    lines += [f"| {c.name} | {shown[c.status]} | {c.summary} |" for c in checks]
     return "\n".join(lines) + "\n"
 
 
@@ -405,26 +503,54 @@ def summary_table(request: VerifyRequest, checks: list[Check]) -> Any:
     table.add_column("check")
     table.add_column("result")
     table.add_column("details", overflow="fold")
+    shown = {"passed": "[green]pass[/]", "failed": "[red]FAIL[/]", "skipped": "[yellow]skipped[/]"}
     for c in checks:
-        result = "[yellow]skipped[/]" if c.skipped else "[green]pass[/]" if c.passed else "[red]FAIL[/]"
-        table.add_row(c.name, result, c.summary)
+        table.add_row(c.name, shown[c.status], c.summary)
     return table
 
 
-def gate(folder: Path) -> str | None:
-    """Why ``release push`` must refuse the build in ``folder``, or None when its verification passed."""
-    path = folder / REPORT_DIR / "report.json"
+def load_report(folder: Path, build: str) -> tuple[Report, str] | None:
+    """The build's verification report and the sha256 of the bytes read, or None when it has none."""
+    path = folder / REPORT_JSON
     if not path.is_file():
+        return None
+    rerun = f"rerun 'release verify {build}'"
+    data = path.read_bytes()
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        where = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+        raise ReleaseError(f"{path}: not valid JSON ({where}); {rerun}") from exc
+    if isinstance(raw, dict) and "format" not in raw and "checks" in raw:
+        raise ReleaseError(f"{path}: written by an older 'release verify' (no file manifest); {rerun}")
+    try:
+        report = Report.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field_name = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise ReleaseError(f"{path}: field '{field_name}': {err['msg']}; not a report of 'release verify', "
+                           f"{rerun}") from exc
+    if report.repo != folder.name:
+        raise ReleaseError(f"{path}: the report of {report.repo}, not of {folder.name}; {rerun}")
+    return report, hashlib.sha256(data).hexdigest()
+
+
+def gate(folder: Path, report: Report | None) -> str | None:
+    """Why ``release push`` must refuse the build in ``folder`` (``--force`` overrides), or None when it passed."""
+    if report is None:
         return f"{folder.name} has no verification report; run 'release verify' on it"
-    report = json.loads(path.read_text())
-    failed = [c for c in report["checks"] if not c["passed"]]
+    failed = [c for c in report.checks if c.status == "failed"]
     if failed:
-        return f"{folder.name} failed verification ({failed[0]['name']}: {failed[0]['summary']})"
+        return f"{folder.name} failed verification ({failed[0].name}: {failed[0].summary})"
+    skipped = [c for c in report.checks if c.status == "skipped"]
+    if skipped:
+        return (f"{folder.name} was not fully verified ({', '.join(c.name for c in skipped)} "
+                f"{skipped[0].summary})")
     return None
 
 
 def verify_builds(requests: list[VerifyRequest]) -> bool:
-    """Verify each build and print its summary; True when every check of every build passed."""
+    """Verify each build and print its summary; True when no check of any build failed (skipped ones are shown)."""
     from rich.console import Console
 
     console = Console(width=160)
@@ -432,5 +558,5 @@ def verify_builds(requests: list[VerifyRequest]) -> bool:
     for request in requests:
         checks = verify(request)
         console.print(summary_table(request, checks))
-        ok &= all(c.passed for c in checks)
+        ok &= all(c.status != "failed" for c in checks)
     return ok

@@ -58,6 +58,15 @@ def invoke(*args: str | os.PathLike[str]) -> Result:
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
+@pytest.fixture
+def builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private copy of builds/ that the commands read (``RELEASE_BUILDS``): a test may edit it."""
+    d = tmp_path / "builds"
+    shutil.copytree(ROOT / "builds", d)
+    monkeypatch.setenv("RELEASE_BUILDS", str(d))
+    return d
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``release fixture tiny`` output: ``source/`` and ``observations/``."""

@@ -11,7 +11,7 @@ from babel.messages.extract import extract_from_dir
 from babel.messages.pofile import read_po
 from huggingface_hub import ModelCard
 
-from release.card import Formatter, fidelity_rows, ranking_tables, served_rows, translations
+from release.card import Formatter, diff_headers, fidelity_rows, ranking_tables, served_rows, translations
 from tests.conftest import ROOT, invoke
 
 SEED = ROOT / "tests" / "data" / "seed-model-card.txt"  # a copy of ../shared/seed/model-card.txt
@@ -55,7 +55,8 @@ def test_served_table_matches_the_seed(seed_records: list[dict[str, Any]], lang:
     if lang == "ko":
         assert cells == seed
         header = next(x for x in SEED.read_text(encoding="utf-8").splitlines() if x.startswith("build\t서빙 σ"))
-        assert [t("build"), t("served sigma [95% CI]"), t("served vs RTN [95% CI]"), t("served changes"),
+        served_diff = diff_headers([r for r in seed_records if r["path"] == "served"], t, served=True)["diff"]
+        assert [t("build"), t("served sigma [95% CI]"), served_diff, t("served changes"),
                 t("fake quant sigma"), t("fake quant changes"), t("gate (fake quant / served)")] == header.split("\t")
     else:
         assert [c[1:6] for c in cells] == [s[1:6] for s in seed]
@@ -72,6 +73,16 @@ def test_fakequant_ranking_matches_the_seed(seed_records: list[dict[str, Any]], 
         assert cells == seed
     else:
         assert [[c[0], *c[2:]] for c in cells] == [[s[0], *s[2:]] for s in seed]
+
+
+@pytest.mark.parametrize("lang", ["en", "ko"])
+def test_formatter_edge_values(lang: str) -> None:
+    """tables.json's undefined (null) and infinite ("inf") values, and p-values with their resolution."""
+    f = Formatter(lang)
+    assert (f.num(None), f.num("inf"), f.num("-inf", 1), f.num("inf", sign=True)) == ("-", "∞", "-∞", "+∞")
+    assert f.num(float("inf"), 2) == "∞" and f.pct(None) == "-"
+    assert f.p(0.0004, bound=True) == "< 0.0004" and f.p(2e-6, bound=True) == "< 0.000002"
+    assert f.p(0.5944, bound=False) == "0.5944" and f.p(1.0, False) == "1"
 
 
 def test_korean_catalog_is_complete() -> None:

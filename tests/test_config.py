@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,14 +20,6 @@ def test_delivered_builds_validate() -> None:
         build = load_build(name, ROOT / "builds")
         assert build.quantized == NANO_QUANTIZED and len(build.quantized) == 14
         assert build.calibration_calls == 256 and build.algorithm_calls == 32
-
-
-@pytest.fixture
-def builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "builds"
-    shutil.copytree(ROOT / "builds", d)
-    monkeypatch.setenv("RELEASE_BUILDS", str(d))
-    return d
 
 
 def _replace(path: Path, old: str, new: str) -> None:
@@ -83,3 +74,37 @@ def test_cli_config_error_is_one_line_exit_2_and_writes_nothing(builds: Path, ti
     assert result.output.count("\n") == 1 and result.output.startswith("error: ")
     assert "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_unknown_field_in_an_optional_section_lists_its_fields(builds: Path) -> None:
+    _replace(builds / "sq_auto.yaml", "  alpha: auto\n", "  alpha: auto\n  alhpa: 0.5\n")
+    with pytest.raises(ReleaseError, match=r"field 'smoothquant\.alhpa': unknown field; valid fields here: alpha, "
+                                           r"alpha_step, fold_up_down$"):
+        load_build("sq_auto")
+
+
+def test_duplicate_key_in_a_nested_mapping(builds: Path) -> None:
+    original = (builds / "rtn.yaml").read_text()
+    _replace(builds / "rtn.yaml", "  overall_sigma: 0.13", "  overall_sigma: 0.13\n  overall_sigma: 0.5")
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml:31: duplicate key 'overall_sigma' \(first on line 30\)"):
+        load_build("rtn")
+    # a merge key ('<<') is no duplicate: an explicit key overrides a merged one, as YAML defines
+    (builds / "rtn.yaml").write_text(original.replace("  overall_sigma: 0.13", "  <<: {overall_sigma: 0.5}\n"
+                                                      "  overall_sigma: 0.2"))
+    assert load_build("rtn").gate.overall_sigma == 0.2
+
+
+def test_alpha_is_auto_or_a_number_in_0_1(builds: Path) -> None:
+    import yaml
+
+    original = (builds / "sq_auto.yaml").read_text()
+    for alpha in ("1.5", "-0.1", "yes", "best", "null", "[0.5]"):
+        (builds / "sq_auto.yaml").write_text(original.replace("alpha: auto", f"alpha: {alpha}"))
+        with pytest.raises(ReleaseError) as err:
+            load_build("sq_auto")
+        assert str(err.value).endswith("field 'smoothquant.alpha': alpha must be 'auto' or a number in 0..1, got "
+                                       f"{yaml.safe_load(alpha)!r}"), err.value
+    for alpha, value in (("auto", "auto"), ("0", 0.0), ("1", 1.0), ("0.35", 0.35)):
+        (builds / "sq_auto.yaml").write_text(original.replace("alpha: auto", f"alpha: {alpha}"))
+        smoothquant = load_build("sq_auto").smoothquant
+        assert smoothquant is not None and smoothquant.alpha == value

@@ -19,10 +19,17 @@ RTN = "Cosmos3-Nano-Policy-DROID-FP8"
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")  # huggingface_hub
 
 
+def add_card(folder: Path, text: str = "---\nlicense: other\n---\n# card\n") -> None:
+    """The files `release card` writes after verification (a push needs README.md and LICENSE)."""
+    (folder / "README.md").write_text(text)
+    (folder / "LICENSE").write_text("OpenMDW License 1.1\n")
+
+
 @pytest.fixture
 def dist(rtn_build: Path, tmp_path: Path) -> Path:
     d = tmp_path / "dist"
     shutil.copytree(rtn_build, d / rtn_build.name)
+    add_card(d / rtn_build.name)
     return d
 
 
@@ -50,15 +57,15 @@ def test_folder_target_plan_push_and_noop(dist: Path, tmp_path: Path) -> None:
     changed = invoke("push", "rtn", "--dist", dist, "--target", target, "--dry-run", "--org", "someone")
     assert "## someone/" in changed.output
     changed = invoke("push", "rtn", "--dist", dist, "--target", target, "--dry-run")
-    assert f"1 to add, 0 to modify, 0 to delete, {len(files)} unchanged" in changed.output  # README.md is new
-    assert "+# changed card" in changed.output
+    assert f"0 to add, 1 to modify, 0 to delete, {len(files) - 1} unchanged" in changed.output
+    assert "+# changed card" in changed.output and "-# card" in changed.output
 
 
 def test_refusals(dist: Path, tmp_path: Path) -> None:
     folder = dist / RTN
     report = folder / "verification" / "report.json"
     data = json.loads(report.read_text())
-    data["checks"][0]["passed"] = False
+    data["checks"][0]["status"] = "failed"
     report.write_text(json.dumps(data))
     refused = invoke("push", "rtn", "--dist", dist, "--target", tmp_path / "hub", "--dry-run")
     assert refused.exit_code == 1 and "push refused" in refused.output and "--force REASON" in refused.output
@@ -71,7 +78,8 @@ def test_refusals(dist: Path, tmp_path: Path) -> None:
     (folder / ".env").unlink()
     (folder / "notes.txt").write_text("token: hf_" + "a" * 34 + "\n")
     secret = invoke("push", "rtn", "--dist", dist, "--target", tmp_path / "hub", "--dry-run", "--force", "x")
-    assert secret.exit_code == 2 and "contains what looks like a token" in secret.output
+    assert secret.exit_code == 2 and "contains what looks like a Hugging Face token (hf_…, at byte 7)" in secret.output
+    assert "a" * 30 not in secret.output
     (folder / "notes.txt").unlink()
     os.symlink("/etc/hostname", folder / "link")
     link = invoke("push", "rtn", "--dist", dist, "--target", tmp_path / "hub", "--dry-run", "--force", "x")
@@ -113,33 +121,37 @@ def test_hub_first_push_then_noop(hub: FakeHub, dist: Path) -> None:
 
 
 def test_hub_changed_card_and_deleted_file(hub: FakeHub, dist: Path) -> None:
+    (dist / RTN / "README.ko.md").write_text("# 카드\n")
     assert _push(hub, dist).exit_code == 0
     repo = f"np-cr/{RTN}"
     (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# new card\n")
-    (dist / RTN / "verification" / "report.md").unlink()
-    plan = _push(hub, dist, "--dry-run", "--format", "json")
+    (dist / RTN / "README.ko.md").unlink()
+    plan = _push(hub, dist, "--dry-run", "--format", "json", "--retag")
     files = {f["path"]: f["action"] for f in json.loads(plan.output)["repos"][0]["files"]}
-    assert files["README.md"] == "add" and files["verification/report.md"] == "delete"
+    assert files["README.md"] == "modify" and files["README.ko.md"] == "delete"
     assert sum(1 for a in files.values() if a != "unchanged") == 2
-    result = _push(hub, dist)
+    result = _push(hub, dist, "--retag")  # the release commit moves the version's tag
     assert result.exit_code == 0, result.output
     last = hub.commits(repo)[-1]
-    assert "verification/report.md" not in hub.files(repo) and hub.files(repo)["README.md"].endswith(b"# new card\n")
-    assert set(last["files"]) ^ set(hub.commits(repo)[-2]["files"]) >= {"README.md", "verification/report.md"}
+    assert "README.ko.md" not in hub.files(repo) and hub.files(repo)["README.md"].endswith(b"# new card\n")
+    assert set(last["files"]) ^ set(hub.commits(repo)[-2]["files"]) >= {"README.ko.md"}
+    assert last["files"]["README.md"] != hub.commits(repo)[-2]["files"]["README.md"]
+    assert hub.tags(repo)["v0.1.0"] == last["id"]
 
 
 def test_hub_stale_parent_is_refused(hub: FakeHub, dist: Path) -> None:
     from release.config import load_build
-    from release.push import HashCache, HubRemote, PushRequest, _push_hub, plan_repo
+    from release.push import HashCache, HubRemote, PushRequest, _push_hub, checked_files, plan_repo
 
     assert _push(hub, dist).exit_code == 0
     (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# stale\n")
-    request = PushRequest.create(("rtn",), None, dist, False, hub.url)
+    request = PushRequest.create(("rtn",), None, dist, False, hub.url, retag=True)
     remote = HubRemote(hub.url)
-    plan = plan_repo(remote, load_build("rtn"), dist / RTN, f"np-cr/{RTN}", HashCache(dist / "h.json"), None)
+    local = checked_files(dist / RTN, "rtn", request.reports["rtn"], HashCache(dist / "h.json"))
+    plan = plan_repo(remote, load_build("rtn"), dist / RTN, f"np-cr/{RTN}", local, None, retag=True)
     hub.move_branch(f"np-cr/{RTN}")  # someone else commits between plan and push
     with pytest.raises(ReleaseError, match=r"the branch moved after the plan .* nothing was overwritten"):
-        _push_hub(remote, plan, dist / RTN, request, HashCache(dist / "h.json"))
+        _push_hub(remote, plan, dist / RTN, request, local)
     assert b"# stale" not in hub.files(f"np-cr/{RTN}").get("README.md", b"")
 
 
@@ -159,7 +171,7 @@ def test_hub_pull_request_mode(hub: FakeHub, dist: Path) -> None:
     repo = f"np-cr/{RTN}"
     head = hub.head(repo)
     (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# proposed\n")
-    result = _push(hub, dist, "--create-pr")
+    result = _push(hub, dist, "--create-pr")  # a pull request leaves the tags alone
     assert result.exit_code == 0 and "opened" in result.output
     assert hub.head(repo) == head and len(hub.pull_requests(repo)) == 1
 
@@ -181,6 +193,7 @@ def test_three_delivered_repos_pushed_twice_make_one_commit_each(hub: FakeHub, r
     dist = tmp_path / "dist"
     for repo in (RTN, f"{RTN}-SmoothQuant", f"{RTN}-RTN-MovingAvgObserver"):
         shutil.copytree(recipe_builds / repo, dist / repo)
+        add_card(dist / repo)
     plan = invoke("push", "--dist", dist, "--endpoint", hub.url, "--dry-run")
     assert plan.exit_code == 0 and plan.output.count("will be created") == 3
     for _ in range(2):

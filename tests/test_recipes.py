@@ -163,7 +163,7 @@ def test_non_finite_activation_names_layer_and_call(rtn_build: Path, tiny: Path)
 @pytest.mark.parametrize("edit, message", [
     (("alpha: auto", "alpha: 1.5"), "field 'smoothquant.alpha"),
     (("algorithm_calls: 32", "algorithm_calls: 0"), "needs algorithm_calls >= 1"),
-    (("method: max", "method: minmax"), "Input should be 'max', 'moving_average' or 'histogram'"),
+    (("method: max", "method: minmax"), "Input should be 'max', 'moving_average', 'histogram' or 'range_shrink'"),
     (("recipe: smoothquant", "recipe: awq"), "Input should be 'rtn' or 'smoothquant'"),
 ])
 def test_bad_recipe_parameters(edit: tuple[str, str], message: str, tmp_path: Path,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -11,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from release.verify import after_verification
 from tests.conftest import invoke
 
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -25,7 +27,13 @@ def _verify(folder: Path, reference: Path, tiny: Path) -> tuple[int, dict]:
 
 def test_build_verifies_and_writes_reports(rtn_build: Path) -> None:
     report = json.loads((rtn_build / "verification" / "report.json").read_text())
-    assert report["passed"] is True
+    assert report["status"] == "passed" and {c["status"] for c in report["checks"]} == {"passed"}
+    files = {p.relative_to(rtn_build).as_posix(): p for p in rtn_build.rglob("*") if p.is_file()}
+    later = {r for r in files if after_verification(r)}  # results and cards: other tests may have added them
+    assert set(report["manifest"]) == set(files) - later - {"verification/report.json"}
+    for rel, entry in report["manifest"].items():
+        data = files[rel].read_bytes()
+        assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
     names = [c["name"] for c in report["checks"]]
     assert names == ["layout", "quantization_config", "modelopt_state", "values", "consistency", "loadable"]
     values = next(c for c in report["checks"] if c["name"] == "values")
@@ -37,7 +45,7 @@ def test_build_verifies_and_writes_reports(rtn_build: Path) -> None:
 def test_sq_values_undo_the_smoothing(recipe_builds: Path) -> None:
     sq = recipe_builds / "Cosmos3-Nano-Policy-DROID-FP8-SmoothQuant"
     report = json.loads((sq / "verification" / "report.json").read_text())
-    assert report["passed"], report
+    assert report["status"] == "passed", report
     values = next(c for c in report["checks"] if c["name"] == "values")
     assert values["details"]["folded"] > 0 and "smoothed source weight" in values["summary"]
     layout = next(c for c in report["checks"] if c["name"] == "layout")
@@ -100,8 +108,8 @@ def test_damage_fails_the_gate(damage: Callable[[Path], None], check: str, messa
     damage(folder)
     code, report = _verify(folder, rtn_build, tiny)
     assert code == 1
-    assert report["passed"] is False
-    failing = {c["name"]: c for c in report["checks"] if not c["passed"]}
+    assert report["status"] == "failed"
+    failing = {c["name"]: c for c in report["checks"] if c["status"] == "failed"}
     assert check in failing, failing.keys()
     assert message in failing[check]["summary"] or any(message in p for p in failing[check]["details"].get(
         "problems", []) + failing[check]["details"].get("dtype_or_shape_differences", [])), failing[check]
@@ -118,3 +126,17 @@ def test_push_refuses_an_unverified_build(rtn_build: Path, tmp_path: Path) -> No
     shutil.rmtree(folder / "verification")
     result = invoke("push", "--dist", folder.parent, "--dry-run")
     assert result.exit_code == 1 and "has no verification report; run 'release verify'" in result.output
+
+
+def test_layout_classifies_eval_results_as_sidecars(rtn_build: Path, tmp_path: Path) -> None:
+    """An evaluated reference (results/*.npz beside its checkpoint) is still a valid reference."""
+    from release.verify import check_layout
+
+    build, reference = tmp_path / "build", tmp_path / "reference"
+    for folder in (build, reference):  # other tests may have evaluated the session's build
+        shutil.copytree(rtn_build, folder, ignore=shutil.ignore_patterns("results"))
+    (reference / "results").mkdir()
+    (reference / "results" / "deployed-validation.npz").write_bytes(b"not read by the layout check")
+    check = check_layout(build, reference)
+    assert check.status == "passed", check.summary
+    assert check.details["files_one_side"]["results/deployed-validation.npz"] == "tool sidecar"

@@ -1,0 +1,201 @@
+"""Faults of build outputs: a kill -9 at any step of replacing a folder, and two builds of the same inputs.
+
+The kills run in child processes (a SIGKILL cannot be caught, so nothing of the tool's cleanup runs); the reruns and
+the checks run here.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from release.io import atomic_dir, clean_stale
+from tests.conftest import ROOT, invoke
+
+REPO = "Cosmos3-Nano-Policy-DROID-FP8"
+OLD = {"README.md": "old build\n", "transformer/a.safetensors": "old weights", "transformer/old.json": "{}",
+       "old-only.txt": "old"}
+NEW = {"README.md": "new build\n", "transformer/a.safetensors": "new weights", "transformer/b.safetensors": "more",
+       "new-only.txt": "new"}
+
+# Replaces FINAL by NEW through atomic_dir and SIGKILLs itself before its KILL_AT-th file system change (0: never).
+SWAP = r"""
+import json, os, signal, sys
+from pathlib import Path
+import release.io as rio
+
+final, kill_at, mode, new = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+steps = 0
+
+def step():
+    global steps
+    steps += 1
+    if steps == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+def counted(fn):
+    def wrapper(*args, **kwargs):
+        step()
+        return fn(*args, **kwargs)
+    return wrapper
+
+for name in ("mkdir", "rename", "replace", "unlink", "rmdir"):
+    setattr(os, name, counted(getattr(os, name)))
+rio._exchange = counted(rio._exchange) if mode == "exchange" else (lambda a, b: False)
+with rio.atomic_dir(final) as tmp:
+    for rel, text in new.items():
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        step()
+        (tmp / rel).write_text(text)
+"""
+
+# `release build ...` that SIGKILLs itself just before the complete new build is renamed to FINAL (its first
+# argument), on the rename-aside path: the old build is out of the way, the new one not yet in.
+BUILD_KILLED_AT_SWAP = r"""
+import os, signal, sys
+from pathlib import Path
+import release.io as rio
+
+final = Path(sys.argv.pop(1))
+rio._exchange = lambda a, b: False
+
+def killing(fn):
+    def wrapper(src, dst, *args, **kwargs):
+        if Path(dst) == final and Path(src).name.startswith(f".{final.name}."):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return fn(src, dst, *args, **kwargs)
+    return wrapper
+
+os.rename, os.replace = killing(os.rename), killing(os.replace)
+from release.cli import main
+main()
+"""
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_text(text)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _encoded(files: dict[str, str]) -> dict[str, bytes]:
+    return {k: v.encode() for k, v in files.items()}
+
+
+def _child(script: str, *args: str | os.PathLike[str], env: dict[str, str] | None = None) -> int:
+    """Run ``script`` on this checkout's code; its exit status (-9: killed)."""
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script, *map(str, args)], env=env, capture_output=True, text=True)
+    assert done.returncode in (0, -signal.SIGKILL), done.stderr
+    return done.returncode
+
+
+@pytest.mark.parametrize("mode", ["exchange", "rename"])
+def test_replacing_a_folder_survives_a_kill_at_every_step(mode: str, tmp_path: Path) -> None:
+    """After a kill at any step the folder is the whole old one or the whole new one (or, on the rename-aside path,
+    the whole old one under its ``.old`` name); the next run restores or cleans up, and a full run gives the new."""
+    final = tmp_path / "dist" / REPO
+    seen = set()
+    kill_at = 0
+    while True:
+        kill_at += 1
+        shutil.rmtree(final.parent, ignore_errors=True)
+        _write(final, OLD)
+        if _child(SWAP, final, kill_at, mode, json.dumps(NEW)) == 0:
+            break  # kill_at is past the last step
+        if final.exists():
+            seen.add("old" if _files(final) == _encoded(OLD) else "new")
+            assert _files(final) in (_encoded(OLD), _encoded(NEW)), f"killed at step {kill_at}: {sorted(_files(final))}"
+        else:  # between the two renames: the old build is whole under its .old name
+            seen.add("aside")
+            aside = [p for p in final.parent.iterdir() if p.name.startswith(f".{REPO}.old-")]
+            assert len(aside) == 1 and _files(aside[0]) == _encoded(OLD), f"killed at step {kill_at}"
+        clean_stale(final)  # what the next run does first
+        assert _files(final) in (_encoded(OLD), _encoded(NEW)), f"killed at step {kill_at}"
+        assert os.listdir(final.parent) == [REPO], f"killed at step {kill_at}: temporaries left"
+        assert _child(SWAP, final, 0, mode, json.dumps(NEW)) == 0
+        assert _files(final) == _encoded(NEW) and os.listdir(final.parent) == [REPO]
+    assert _files(final) == _encoded(NEW) and os.listdir(final.parent) == [REPO]
+    assert seen == ({"old", "new"} if mode == "exchange" else {"old", "aside", "new"}), seen
+    assert kill_at > 10
+
+
+def test_only_this_outputs_dead_temporaries_are_removed(tmp_path: Path) -> None:
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True, check=True).stdout)
+    final = tmp_path / REPO
+    _write(final, OLD)
+    kept = [f".{REPO}.tmp-{os.getpid()}-0a1b2c3d",  # a running build's
+            f".{REPO}-SmoothQuant.tmp-{dead}-0a1b2c3d",  # another output's
+            f".{REPO}.tmp-{dead}-0a1b2c3d.keep", "notes"]  # not a temporary name
+    removed = [f".{REPO}.tmp-{dead}-0a1b2c3d", f".{REPO}.old-{dead}-0a1b2c3d", f".{REPO}.del-{dead}-0a1b2c3d"]
+    for name in kept + removed:
+        _write(tmp_path / name, {"file": name})
+    with atomic_dir(final) as tmp:
+        _write(tmp, NEW)
+    assert sorted(os.listdir(tmp_path)) == sorted([REPO, *kept])
+    assert _files(final) == _encoded(NEW)
+
+
+@pytest.fixture
+def cheap_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The release's build files with 16 calibration and 8 algorithm calls: a build takes seconds after capture."""
+    folder = tmp_path / "builds"
+    folder.mkdir()
+    shutil.copy(ROOT / "builds" / "release.yaml", folder)
+    for name in ("rtn", "sq_auto", "rtn_hist"):
+        text = (ROOT / "builds" / f"{name}.yaml").read_text()
+        text = text.replace("calibration_calls: 256", "calibration_calls: 16").replace("algorithm_calls: 32",
+                                                                                       "algorithm_calls: 8")
+        (folder / f"{name}.yaml").write_text(text)
+    monkeypatch.setenv("RELEASE_BUILDS", str(folder))
+    return folder
+
+
+def test_killed_rebuild_then_failed_rebuild_keep_the_old_build(tiny: Path, cheap_builds: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`release build` killed between moving the old build aside and the new one in, then a rebuild that fails:
+    the old build is back, whole, and no temporary is left."""
+    dist = tmp_path / "dist"
+    _write(dist / REPO, OLD)
+    args = ("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations", "--out", dist)
+    assert _child(BUILD_KILLED_AT_SWAP, dist / REPO, *args) == -signal.SIGKILL
+    assert not (dist / REPO).exists()  # killed in the window the rename-aside path has
+
+    def disk_full(source: Path, out: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(out))
+
+    monkeypatch.setattr("release.export._copy_components", disk_full)
+    result = invoke(*args)
+    assert result.exit_code == 1 and "No space left on device" in result.output, result.output
+    assert _files(dist / REPO) == _encoded(OLD)
+    assert os.listdir(dist) == [REPO]
+
+
+def test_same_inputs_give_byte_identical_builds(tiny: Path, cheap_builds: Path, tmp_path: Path) -> None:
+    """Two builds in two processes (so with different string hashing) into the same --out: every file, including
+    both modelopt_state.pth, provenance.json and the verification report, is the same byte for byte."""
+    dist, first = tmp_path / "dist", tmp_path / "first"
+    args = ("build", "rtn", "sq_auto", "rtn_hist", "--source", tiny / "source", "--observations",
+            tiny / "observations", "--out", dist)
+    script = "from release.cli import main; main()"
+    for hash_seed in ("1", "2"):
+        assert _child(script, *args, env={"PYTHONHASHSEED": hash_seed, "SOURCE_DATE_EPOCH": "1767225600"}) == 0
+        if hash_seed == "1":
+            dist.rename(first)
+    one, two = _files(first), _files(dist)
+    assert len(one) > 3 * 20 and {p.split("/")[0] for p in one} >= {REPO, f"{REPO}-SmoothQuant"}
+    assert sorted(one) == sorted(two)
+    assert [p for p in one if one[p] != two[p]] == []

@@ -1,0 +1,359 @@
+"""Bad inputs, as a clumsy or hostile user gives them (issue 11, items 2 and 9-12): each is one line on stderr that
+names the file, line, field or array, exit 2, no "internal error", and nothing written.
+
+Observation sets and card inputs are copied to ``tmp_path`` before they are damaged: the session fixtures are shared.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import Result
+from PIL import Image
+
+from tests.conftest import ROOT, invoke
+
+RTN = "Cosmos3-Nano-Policy-DROID-FP8"
+IMAGE = "images/0005_wrist_image_left.png"  # line 6 of observations.jsonl
+
+
+def refused(result: Result, *names: str) -> str:
+    """The one-line refusal: exit 2, "error: ..." naming each of ``names``."""
+    out = result.output
+    assert result.exit_code == 2, out
+    assert out.startswith("error: ") and out.count("\n") == 1, out
+    assert "internal error" not in out and "Traceback" not in out
+    for name in names:
+        assert name in out, (name, out)
+    return out
+
+
+# --- observation sets (items 2 and 9): refused by `release build` and `release eval` before any model runs ---
+
+
+@pytest.fixture
+def obs(tiny: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "observations"
+    shutil.copytree(tiny / "observations", d)
+    return d
+
+
+def _lines(obs: Path) -> list[str]:
+    return (obs / "observations.jsonl").read_text().splitlines()
+
+
+def _write_lines(obs: Path, lines: list[str]) -> None:
+    (obs / "observations.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _set(obs: Path, index: int, **fields: object) -> None:
+    """Set ``fields`` in the record on line ``index + 1``."""
+    lines = _lines(obs)
+    lines[index] = json.dumps({**json.loads(lines[index]), **fields})
+    _write_lines(obs, lines)
+
+
+def _camera(obs: Path, index: int, camera: str, path: str) -> None:
+    lines = _lines(obs)
+    record = json.loads(lines[index])
+    record["images"][camera] = path
+    lines[index] = json.dumps(record)
+    _write_lines(obs, lines)
+
+
+def _outside(obs: Path) -> None:
+    Image.new("RGB", (640, 360)).save(obs.parent / "outside.png")  # a valid image: read today
+    _camera(obs, 5, "exterior_image_1_left", "../outside.png")
+
+
+def _absolute(obs: Path) -> None:
+    Image.new("RGB", (640, 360)).save(obs.parent / "outside.png")
+    _camera(obs, 5, "exterior_image_1_left", str(obs.parent / "outside.png"))
+
+
+def _link_out(obs: Path) -> None:
+    Image.new("RGB", (640, 360)).save(obs.parent / "outside.png")
+    (obs / IMAGE).unlink()
+    (obs / IMAGE).symlink_to(obs.parent / "outside.png")
+
+
+def _damaged(obs: Path) -> None:
+    data = bytearray((obs / IMAGE).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside the pixel data: only a CRC or a decode finds it
+    (obs / IMAGE).write_bytes(bytes(data))
+
+
+def _index(obs: Path, **fields: object) -> None:
+    index = obs / "index.json"
+    index.write_text(json.dumps({**json.loads(index.read_text()), **fields}))
+
+
+OBSERVATION_FAULTS: dict[str, tuple[Callable[[Path], object], tuple[str, ...]]] = {
+    "duplicate obs_id": (lambda o: _set(o, 5, obs_id=2), ("observations.jsonl:6", "obs_id 2", "line 3")),
+    "float obs_id": (lambda o: _set(o, 5, obs_id=0.7), ("observations.jsonl:6", "'obs_id'", "0.7")),
+    "lab not a string": (lambda o: _set(o, 5, lab=3), ("observations.jsonl:6", "'lab'")),
+    "state with NaN": (lambda o: _set(o, 5, state=[float("nan")] + [0.0] * 7), ("observations.jsonl:6", "'state'")),
+    "gripper outside [0, 1]": (lambda o: _set(o, 5, state=[0.0] * 7 + [2.0]), ("observations.jsonl:6", "gripper")),
+    "empty line": (lambda o: _write_lines(o, [*_lines(o)[:3], "", *_lines(o)[3:]]),
+                   ("observations.jsonl:4", "empty line")),
+    "image path ../": (_outside, ("observations.jsonl:6", "exterior_image_1_left", "'../outside.png'", "outside")),
+    "absolute image path": (_absolute, ("observations.jsonl:6", "exterior_image_1_left", "outside")),
+    "image linked out": (_link_out, ("observations.jsonl:6", "wrist_image_left", "outside")),
+    "missing image": (lambda o: (o / IMAGE).unlink(), ("observations.jsonl:6", "wrist_image_left", IMAGE)),
+    "truncated image": (lambda o: (o / IMAGE).write_bytes((o / IMAGE).read_bytes()[:500]),
+                        ("observations.jsonl:6", IMAGE, "cannot be decoded")),
+    "damaged image": (_damaged, ("observations.jsonl:6", IMAGE, "cannot be decoded")),
+    "wrong image size": (lambda o: Image.new("RGB", (320, 180)).save(o / IMAGE),
+                         ("observations.jsonl:6", IMAGE, "320x180", "640x360")),
+    "index.json not JSON": (lambda o: (o / "index.json").write_text('{"format": "release-droid-obs/1", '),
+                            ("index.json", "not valid JSON")),
+    "index.json not an object": (lambda o: (o / "index.json").write_text("[]"), ("index.json", "JSON object")),
+    "index.json wrong count": (lambda o: _index(o, count=47), ("index.json", "'count'", "47", "48")),
+    "no observations.jsonl": (lambda o: (o / "observations.jsonl").unlink(), ("observations.jsonl", "missing")),
+}
+
+
+@pytest.mark.parametrize("fault", OBSERVATION_FAULTS)
+def test_build_refuses_a_bad_observation_set(fault: str, tiny: Path, obs: Path, tmp_path: Path) -> None:
+    edit, names = OBSERVATION_FAULTS[fault]
+    edit(obs)
+    out = tmp_path / "dist"
+    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", obs, "--out", out)
+    refused(result, *names)
+    assert not out.exists()
+
+
+@pytest.fixture
+def fake_dist(tmp_path: Path) -> Path:
+    """A dist whose RTN build folder exists (all `release eval` and `import-served` look for before reading)."""
+    dist = tmp_path / "dist"
+    (dist / RTN).mkdir(parents=True)
+    return dist
+
+
+def test_eval_refuses_a_bad_observation_set_before_any_rollout(tiny: Path, obs: Path, fake_dist: Path) -> None:
+    _set(obs, 5, obs_id=2)
+    result = invoke("eval", "rtn", "--dist", fake_dist, "--source", tiny / "source", "--observations", obs)
+    refused(result, "observations.jsonl:6", "line 3")
+    assert not (fake_dist / RTN / "results").exists()
+
+
+# --- item 10: eval of a build without a usable provenance.json, import-served, --out that is a file ---
+
+
+@pytest.mark.parametrize("provenance", [None, '{"config_sha256": "ab', '{"calibration": {}}'])
+def test_eval_names_a_missing_or_corrupt_provenance(provenance: str | None, tiny: Path, fake_dist: Path) -> None:
+    if provenance is not None:
+        (fake_dist / RTN / "provenance.json").write_text(provenance)
+    result = invoke("eval", "rtn", "--dist", fake_dist, "--source", tiny / "source", "--observations",
+                    tiny / "observations")
+    refused(result, f"{RTN}/provenance.json", "release build rtn")
+    assert not (fake_dist / RTN / "results").exists()
+
+
+def _served(tmp_path: Path, name: str, n: int = 4, **arrays: np.ndarray) -> Path:
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(n, 32, 8))
+    path = tmp_path / f"{name}.npz"
+    np.savez(path, **{"reference": reference, "candidate": reference + 0.01, "obs_ids": np.arange(32, 32 + n),
+                      **arrays})
+    return path
+
+
+def _import(tiny: Path, dist: Path, file: Path) -> Result:
+    return invoke("import-served", "rtn", file, "--dist", dist, "--source", tiny / "source", "--observations",
+                  tiny / "observations")
+
+
+def _truncated(tmp_path: Path) -> Path:
+    path = _served(tmp_path, "truncated")
+    path.write_bytes(path.read_bytes()[:-40])  # the zip's central directory cut off
+    return path
+
+
+SERVED_FAULTS: dict[str, tuple[Callable[[Path], Path], tuple[str, ...]]] = {
+    "truncated npz": (_truncated, ("truncated.npz", "not a readable .npz")),
+    "string ids": (lambda t: _served(t, "strings", obs_ids=np.array(["32", "33", "34", "35"])),
+                   ("strings.npz", "'obs_ids'", "integers")),
+    "float ids": (lambda t: _served(t, "floats", obs_ids=np.array([32.0, 33.0, 34.0, 0.7])),
+                  ("floats.npz", "'obs_ids'", "0.7")),
+    "N = 0": (lambda t: _served(t, "empty", n=0), ("empty.npz", "[0, 32, 8]")),
+    "repeated ids": (lambda t: _served(t, "repeated", obs_ids=np.array([32, 33, 33, 35])),
+                     ("repeated.npz", "'obs_ids'", "[33]")),
+    "float seeds": (lambda t: _served(t, "seeds", seeds=np.array([0, 1, 2, 2.5])), ("seeds.npz", "'seeds'", "2.5")),
+}
+
+
+@pytest.mark.parametrize("fault", SERVED_FAULTS)
+def test_import_served_refuses(fault: str, tiny: Path, fake_dist: Path, tmp_path: Path) -> None:
+    make, names = SERVED_FAULTS[fault]
+    refused(_import(tiny, fake_dist, make(tmp_path)), *names)
+    assert not (fake_dist / RTN / "results").exists()
+
+
+def test_import_served_takes_whole_float_ids_and_refuses_fractions(tiny: Path, fake_dist: Path,
+                                                                   tmp_path: Path) -> None:
+    """Ids 32.0 ... are 32 ... (no information lost); 32.7 was truncated to 32 before: now refused."""
+    refused(_import(tiny, fake_dist, _served(tmp_path, "frac", obs_ids=np.array([32.7, 33.0, 34.0, 35.0]))),
+            "'obs_ids'", "32.7")
+    result = _import(tiny, fake_dist, _served(tmp_path, "whole", obs_ids=np.array([32.0, 33.0, 34.0, 35.0])))
+    assert result.exit_code == 0, result.output
+    assert list(np.load(fake_dist / RTN / "results" / "served-all.npz")["obs_ids"]) == [32, 33, 34, 35]
+
+
+def test_fixture_out_is_a_file(tmp_path: Path) -> None:
+    file = tmp_path / "out.txt"
+    file.write_text("keep me")
+    refused(invoke("fixture", "tiny", "--out", file), "--out", "out.txt", "not a folder")
+    refused(invoke("fixture", "tiny", "--out", file / "sub"), "--out", "out.txt", "not a folder")
+    assert file.read_text() == "keep me"
+
+
+def test_build_out_is_a_file(tiny: Path, tmp_path: Path) -> None:
+    file = tmp_path / "dist"
+    file.write_text("keep me")
+    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", file)
+    refused(result, "--out", str(file), "not a folder")
+    assert file.read_text() == "keep me"
+
+
+def test_tables_out_is_a_file(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    rng = np.random.default_rng(0)
+    reference = rng.normal(size=(16, 32, 8))
+    (dist / RTN / "results").mkdir(parents=True)
+    np.savez(dist / RTN / "results" / "fakequant-validation.npz", reference=reference, candidate=reference + 0.01,
+             obs_ids=np.arange(32, 48), seeds=np.zeros(16, dtype=np.int64), labs=np.array(["IPRL"] * 16),
+             sigma=np.ones(8))
+    file = tmp_path / "tables.txt"
+    file.write_text("keep me")
+    refused(invoke("tables", "rtn", "--dist", dist, "--out", file, "--resamples", "100"), "--out", "tables.txt")
+    assert file.read_text() == "keep me" and not (dist / "tables").exists()
+
+
+# --- item 10: `release card` inputs that are not what the stage before wrote ---
+
+
+@pytest.fixture
+def card_dist(tmp_path: Path) -> Path:
+    dist = tmp_path / "dist"
+    shutil.copytree(ROOT / "tests" / "data" / "cards", dist)
+    return dist
+
+
+CARD_FAULTS = {
+    "tables.json truncated": ("tables/tables.json", lambda t: t[: len(t) // 2], ("tables.json", "release tables")),
+    "tables.json a list": ("tables/tables.json", lambda t: "[]", ("tables.json", "release tables")),
+    "tables.json without records": ("tables/tables.json", lambda t: "{}", ("tables.json", "'records'")),
+    "report.json empty": (f"{RTN}/verification/report.json", lambda t: "",
+                          ("report.json", "release verify rtn")),
+    "report.json without checks": (f"{RTN}/verification/report.json", lambda t: "{}",
+                                   ("report.json", "'checks'", "release verify rtn")),
+    "provenance.json empty object": (f"{RTN}/provenance.json", lambda t: "{}",
+                                     ("provenance.json", "release build rtn")),
+}
+
+
+@pytest.mark.parametrize("fault", CARD_FAULTS)
+def test_card_names_a_corrupt_input(fault: str, card_dist: Path) -> None:
+    rel, edit, names = CARD_FAULTS[fault]
+    path = card_dist / rel
+    path.write_text(edit(path.read_text()))
+    refused(invoke("card", "rtn", "--dist", card_dist), *names)
+    assert not list(card_dist.rglob("README*.md")) and not list(card_dist.rglob("forest.*.png"))
+
+
+# --- item 12: a Korean card never mixes in English ---
+
+
+@pytest.fixture
+def locales(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import release.card as card
+
+    d = tmp_path / "locales"
+    shutil.copytree(ROOT / "locales", d)
+    monkeypatch.setattr(card, "LOCALES", d)
+    return d / "ko" / "LC_MESSAGES" / "messages.po"
+
+
+def _edit_catalog(po: Path, edit: Callable[..., None]) -> None:
+    from babel.messages.pofile import read_po, write_po
+
+    with po.open("rb") as f:
+        catalog = read_po(f, locale="ko")
+    edit(catalog)
+    with po.open("wb") as f:
+        write_po(f, catalog)
+
+
+CATALOG_FAULTS: dict[str, tuple[Callable[..., None], str]] = {
+    "empty msgstr": (lambda c: setattr(c["License"], "string", ""), "empty msgstr"),
+    "fuzzy": (lambda c: c["License"].flags.add("fuzzy"), "fuzzy"),
+    "missing": (lambda c: c.delete("License"), "missing"),
+}
+
+
+@pytest.mark.parametrize("fault", CATALOG_FAULTS)
+@pytest.mark.parametrize("check", [True, False])
+def test_card_refuses_an_incomplete_catalog(fault: str, check: bool, locales: Path, card_dist: Path) -> None:
+    edit, what = CATALOG_FAULTS[fault]
+    _edit_catalog(locales, edit)
+    result = invoke("card", "rtn", "--dist", card_dist, "--lang", "en,ko", *(["--check"] if check else []))
+    refused(result, "ko/LC_MESSAGES/messages.po", "msgid 'License'", what)
+    assert not list(card_dist.rglob("README*.md"))
+    assert invoke("card", "rtn", "--dist", card_dist, "--lang", "en", "--check").exit_code == 0  # English needs none
+
+
+# --- item 11: build files ---
+
+
+def test_duplicate_yaml_key_names_file_line_and_key(builds: Path, tmp_path: Path) -> None:
+    path = builds / "rtn.yaml"
+    path.write_text(path.read_text().replace("recipe: rtn\n", "recipe: rtn\nrecipe: smoothquant\n", 1))
+    line = path.read_text().splitlines().index("recipe: smoothquant") + 1
+    out = tmp_path / "dist"
+    result = invoke("build", "rtn", "--source", tmp_path / "no-source", "--out", out)
+    refused(result, f"rtn.yaml:{line}:", "duplicate key 'recipe'", f"first on line {line - 1}")
+    assert not out.exists()
+
+
+def test_alpha_out_of_range_says_what_alpha_may_be(builds: Path, tmp_path: Path) -> None:
+    path = builds / "sq_auto.yaml"
+    path.write_text(path.read_text().replace("alpha: auto", "alpha: 1.5", 1))
+    result = invoke("build", "sq_auto", "--source", tmp_path / "no-source", "--out", tmp_path / "dist")
+    msg = refused(result, "sq_auto.yaml:", "field 'smoothquant.alpha'", "alpha must be 'auto' or a number in 0..1")
+    assert "and 1 more" not in msg
+
+
+# --- names that become paths, and the pinned date ---
+
+
+@pytest.mark.parametrize("name", ["../builds/rtn", "/etc/passwd", "rtn\n", ".hidden"])
+def test_a_build_name_cannot_leave_the_builds_folder(name: str, tmp_path: Path) -> None:
+    (tmp_path / "rtn.yaml").write_text((ROOT / "builds" / "rtn.yaml").read_text())  # what '../' would reach
+    out = refused(invoke("build", name, "--source", tmp_path, "--out", tmp_path / "dist"), "build name")
+    assert "letters, digits" in out
+    assert not (tmp_path / "dist").exists()
+
+
+def test_a_sibling_build_name_is_validated(builds: Path) -> None:
+    text = (builds / "release.yaml").read_text().replace("{build: rtn_mavg,", "{build: ../rtn_mavg,")
+    (builds / "release.yaml").write_text(text)
+    refused(invoke("push", "--dry-run", "--target", builds.parent / "hub"), "release.yaml", "siblings.2.build")
+
+
+def test_source_date_epoch_must_be_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from release import ReleaseError
+    from release.io import build_date
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796004000")
+    assert build_date() == "2026-11-30T02:00:00+00:00"
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(ReleaseError, match="SOURCE_DATE_EPOCH"):
+        build_date()

@@ -1,0 +1,443 @@
+"""Faults at the publishing trust boundary (issue 11, items 1-6 and a corrupt report): each is a clean refusal.
+
+Every test copies the session's RTN build before changing it: the session fixtures are shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import threading
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from release import ReleaseError
+from tests.conftest import ROOT, invoke
+from tests.hub_server import FakeHub
+from tests.test_push import RTN, add_card
+
+pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")  # huggingface_hub
+HF_TOKEN_LIKE = "hf_" + "Q" * 34
+
+
+@pytest.fixture
+def dist(rtn_build: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "dist"
+    shutil.copytree(rtn_build, d / RTN)
+    add_card(d / RTN)
+    return d
+
+
+def _push(dist: Path, target: Path, *args: str) -> Any:
+    return invoke("push", "rtn", "--dist", dist, "--target", target, *args)
+
+
+def _one_line_error(result: Any, code: int, *parts: str) -> None:
+    assert result.exit_code == code, result.output
+    assert result.output.startswith("error: ") and result.output.count("\n") == 1, result.output
+    for part in parts:
+        assert part in result.output, result.output
+
+
+def _leftovers(target: Path) -> list[str]:
+    """Hidden staging folders or files in the target (the lock file is the target's own)."""
+    return sorted(p.name for p in target.rglob(".*") if p.name != ".release-push.lock") if target.exists() else []
+
+
+def _shard(folder: Path) -> Path:
+    return sorted((folder / "transformer").glob("*.safetensors"))[0]
+
+
+def _flip_last_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# ---------------------------------------------------------------- 1. the manifest
+
+
+def test_report_holds_a_manifest_and_push_refuses_a_flipped_shard(dist: Path, tmp_path: Path) -> None:
+    report = json.loads((dist / RTN / "verification" / "report.json").read_text())
+    shard = _shard(dist / RTN)
+    assert report["manifest"][f"transformer/{shard.name}"]["size"] == shard.stat().st_size
+    assert "README.md" in report["after_verification"] and "README.md" not in report["manifest"]
+    _flip_last_byte(shard)  # same size: a byte of FP8 weights
+    target = tmp_path / "hub"
+    for args in (("--dry-run",), (), ("--force", "reviewed")):  # --force does not publish other bytes than verified
+        result = _push(dist, target, *args)
+        _one_line_error(result, 1, f"{shard}: differs from the bytes 'release verify' hashed",
+                        "rerun 'release verify rtn'")
+    assert not (target / "np-cr").exists()
+
+
+def test_a_pickle_that_runs_code_is_refused_before_anything_loads_it(dist: Path, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self) -> tuple[Any, tuple[str]]:
+            return (os.system, (f"touch {marker}",))
+
+    import pickle
+
+    (dist / RTN / "modelopt_state.pth").write_bytes(pickle.dumps(Payload()))
+    result = _push(dist, tmp_path / "hub")
+    _one_line_error(result, 1, f"{dist / RTN / 'modelopt_state.pth'}: differs from the bytes")
+    assert not marker.exists() and not (tmp_path / "hub" / "np-cr").exists()
+
+
+def test_gained_and_lost_files_are_refused_by_name(dist: Path, tmp_path: Path) -> None:
+    extra = dist / RTN / "transformer" / "extra.json"
+    extra.write_text("{}\n")
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 1,
+                    f"{extra}: not in the verification manifest (added after 'release verify')")
+    extra.unlink()
+    (dist / RTN / "transformer" / "config.json").unlink()
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 1,
+                    f"{dist / RTN / 'transformer' / 'config.json'}: verified, but no longer in the build folder")
+
+
+def test_card_files_may_follow_verification_but_readme_and_license_are_required(dist: Path, tmp_path: Path) -> None:
+    (dist / RTN / "README.md").unlink()
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2, f"{dist / RTN / 'README.md'}: missing",
+                    "run 'release card rtn'")
+    add_card(dist / RTN)
+    (dist / RTN / "LICENSE").unlink()
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2, "LICENSE: missing")
+    add_card(dist / RTN)
+    (dist / RTN / "README.ko.md").write_text("# 카드\n")
+    (dist / RTN / "forest.en.png").write_bytes(_png([]))
+    result = _push(dist, tmp_path / "hub")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "hub" / "np-cr" / RTN / "forest.en.png").read_bytes() == _png([])
+
+
+def test_bytes_flipped_with_the_mtime_restored_are_hashed_again(dist: Path, tmp_path: Path) -> None:
+    assert _push(dist, tmp_path / "hub", "--dry-run").exit_code == 0  # fills the hash cache
+    shard = _shard(dist / RTN)
+    st = shard.stat()
+    _flip_last_byte(shard)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert shard.stat().st_size == st.st_size and shard.stat().st_mtime_ns == st.st_mtime_ns
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 1, f"{shard}: differs from the bytes")
+
+
+def test_a_file_changed_after_the_plan_is_not_published(dist: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Time of check to time of use: the bytes copied are hashed again and must be those the plan hashed."""
+    import release.push as push
+
+    plan_repo = push.plan_repo
+    shard = _shard(dist / RTN)
+
+    def plan_then_tamper(*args: Any, **kwargs: Any) -> Any:
+        plan = plan_repo(*args, **kwargs)
+        _flip_last_byte(shard)
+        return plan
+
+    monkeypatch.setattr(push, "plan_repo", plan_then_tamper)
+    target = tmp_path / "hub"
+    _one_line_error(_push(dist, target), 1, f"{shard}: changed after this push hashed it")
+    assert not (target / "np-cr" / RTN).exists() and _leftovers(target) == []
+
+
+def test_a_file_changed_after_the_plan_is_not_committed_to_the_hub(hub: FakeHub, dist: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import release.push as push
+
+    plan_repo = push.plan_repo
+    config = dist / RTN / "transformer" / "config.json"
+
+    def plan_then_tamper(*args: Any, **kwargs: Any) -> Any:
+        plan = plan_repo(*args, **kwargs)
+        config.write_text(config.read_text() + " ")
+        return plan
+
+    monkeypatch.setattr(push, "plan_repo", plan_then_tamper)
+    result = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
+    _one_line_error(result, 1, f"{config}: changed after this push hashed it")
+    assert not hub.repos  # nothing was created or committed
+
+
+# ---------------------------------------------------------------- 2. names that become paths or repo ids
+
+
+def test_an_org_that_leaves_the_target_is_refused_and_nothing_is_touched(dist: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim" / RTN
+    victim.mkdir(parents=True)
+    (victim / "precious.txt").write_text("keep me\n")
+    target = tmp_path / "hub"
+    for org in ("../victim", "..", "a/b", ".hidden", ""):
+        result = invoke("push", "rtn", "--dist", dist, "--target", target, "--org", org)
+        _one_line_error(result, 2, f"--org: {org!r} is not a valid Hub org name")
+    assert (victim / "precious.txt").read_text() == "keep me\n" and not target.exists()
+
+
+@pytest.mark.parametrize("file, old, new, field", [
+    ("rtn.yaml", "repo: Cosmos3-Nano-Policy-DROID-FP8", "repo: ../../x", "repo"),
+    ("release.yaml", "{build: rtn, repo: Cosmos3-Nano-Policy-DROID-FP8}", "{build: rtn, repo: ../x}",
+     "siblings.0.repo"),
+    ("release.yaml", "org: np-cr", "org: ../victim", "org"),
+])
+def test_build_files_cannot_name_a_path(file: str, old: str, new: str, field: str, dist: Path, tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    builds = tmp_path / "builds"
+    shutil.copytree(ROOT / "builds", builds)
+    text = (builds / file).read_text()
+    assert old in text
+    (builds / file).write_text(text.replace(old, new))
+    monkeypatch.setenv("RELEASE_BUILDS", str(builds))
+    result = _push(dist, tmp_path / "hub")
+    _one_line_error(result, 2, f"{builds / file}:", f"field '{field}'", "is not a valid Hub")
+    assert not (tmp_path / "hub").exists() and not (tmp_path / "x").exists()
+
+
+def test_a_target_org_folder_linked_outside_is_refused(dist: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = tmp_path / "hub"
+    target.mkdir()
+    (target / "np-cr").symlink_to(outside)
+    _one_line_error(_push(dist, target), 2, "outside the target")
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda f: (f / "loop").symlink_to("loop"), "that loops or points nowhere"),
+    (lambda f: (f / "transformer" / "up").symlink_to(".."), "a link to .."),
+    (lambda f: (f / "link.json").symlink_to(f / "provenance.json"), "the Hub stores files, not links"),
+    (lambda f: os.mkfifo(f / "pipe"), "a pipe, not a regular file"),
+])
+def test_links_loops_and_pipes_are_refused_cleanly(make: Any, message: str, dist: Path, tmp_path: Path) -> None:
+    make(dist / RTN)
+    target = tmp_path / "hub"
+    for args in (("--dry-run",), ()):
+        _one_line_error(_push(dist, target, *args), 2, message)
+    assert not (target / "np-cr").exists() and _leftovers(target) == []
+
+
+# ---------------------------------------------------------------- 3. skipped is not passed
+
+
+def _verify_without_reference(dist: Path, tiny: Path) -> dict[str, Any]:
+    from release.config import load_build, load_release
+    from release.verify import VerifyRequest, verify
+
+    request = VerifyRequest(load_release(), load_build("rtn"), dist / RTN, None, tiny / "source",
+                            tiny / "observations")
+    verify(request)
+    report: dict[str, Any] = json.loads((dist / RTN / "verification" / "report.json").read_text())
+    return report
+
+
+def test_skipped_checks_refuse_the_push_unless_forced(dist: Path, tiny: Path, tmp_path: Path) -> None:
+    report = _verify_without_reference(dist, tiny)
+    assert report["status"] == "incomplete"
+    assert {c["name"]: c["status"] for c in report["checks"]} == {
+        "layout": "skipped", "quantization_config": "skipped", "modelopt_state": "skipped", "values": "passed",
+        "consistency": "passed", "loadable": "passed"}
+    target = tmp_path / "hub"
+    _one_line_error(_push(dist, target), 1, "push refused: Cosmos3-Nano-Policy-DROID-FP8 was not fully verified "
+                    "(layout, quantization_config, modelopt_state skipped: no reference", "--force REASON")
+    forced = _push(dist, target, "--force", "no reference on this machine")
+    assert forced.exit_code == 0, forced.output
+    assert "[forced past verification: no reference on this machine]" in forced.output
+
+
+def test_the_card_says_which_checks_ran(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    shutil.copytree(ROOT / "tests" / "data" / "cards", dist)
+    path = dist / RTN / "verification" / "report.json"
+    report = json.loads(path.read_text())
+    for check in report["checks"][:3]:
+        check.update(status="skipped", summary="skipped: no reference")
+    report.update(status="incomplete", reference=None)
+    path.write_text(json.dumps(report))
+    result = invoke("card", "rtn", "--dist", dist, "--lang", "en,ko")
+    assert result.exit_code == 0, result.output
+    en = (dist / RTN / "README.md").read_text(encoding="utf-8")
+    assert "without a reference checkpoint" in en
+    assert "Not every check ran, so this build is not fully verified. Skipped: Files, tensor names, dtypes and " \
+           "shapes, `quantization_config`" in en
+    assert "| Files, tensor names, dtypes and shapes | skipped | skipped: no reference |" in en
+    ko = (dist / RTN / "README.ko.md").read_text(encoding="utf-8")
+    assert "완전히 검증되지 않았습니다" in ko and "| 건너뜀 |" in ko
+    other = (dist / "Cosmos3-Nano-Policy-DROID-FP8-SmoothQuant")
+    assert invoke("card", "sq_auto", "--dist", dist, "--lang", "en").exit_code == 0
+    assert "All 6 checks ran." in (other / "README.md").read_text(encoding="utf-8")
+
+
+# ---------------------------------------------------------------- 4. secrets, by content
+
+
+def _png(chunks: list[tuple[bytes, bytes]]) -> bytes:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", 1, 1, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + b"".join(chunk(k, d) for k, d in chunks) + \
+        chunk(b"IDAT", zlib.compress(b"\0\0")) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("kind, data, where", [
+    (b"tEXt", b"Comment\0token " + HF_TOKEN_LIKE.encode(), "PNG chunk tEXt 'Comment'"),
+    (b"zTXt", b"Comment\0\0" + zlib.compress(HF_TOKEN_LIKE.encode()), "PNG chunk zTXt 'Comment'"),
+    (b"iTXt", b"Author\0\1\0en\0\0" + zlib.compress(HF_TOKEN_LIKE.encode()), "PNG chunk iTXt 'Author'"),
+])
+def test_a_token_in_a_png_text_chunk_is_refused(kind: bytes, data: bytes, where: str, dist: Path,
+                                                tmp_path: Path) -> None:
+    (dist / RTN / "forest.en.png").write_bytes(_png([(kind, data)]))  # a card file: allowed after verification
+    result = _push(dist, tmp_path / "hub")
+    _one_line_error(result, 2, f"{dist / RTN / 'forest.en.png'}: contains what looks like a Hugging Face token "
+                    f"(hf_…, in {where})")
+    assert "QQQQ" not in result.output and not (tmp_path / "hub" / "np-cr").exists()
+
+
+def test_a_zlib_bomb_in_a_png_is_refused(dist: Path, tmp_path: Path) -> None:
+    bomb = zlib.compress(b"\0" * (65 << 20), 9)
+    (dist / RTN / "forest.en.png").write_bytes(_png([(b"zTXt", b"Comment\0\0" + bomb)]))
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2, "PNG chunk zTXt 'Comment' inflates to more "
+                    "than 64 MiB")
+
+
+def test_secrets_in_safetensors_metadata_and_json_strings(dist: Path, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    extra = dist / RTN / "extra.safetensors"
+    save_file({"w": torch.zeros(2)}, str(extra), metadata={"format": "pt", "note": "ghp_" + "x" * 36})
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2,
+                    f"{extra}: contains what looks like a GitHub token (ghp_…, in the safetensors header at "
+                    "$.__metadata__.note)")
+    extra.unlink()
+    notes = dist / RTN / "notes.json"  # a JSON escape hides the key from a byte scan: \u0041 is "A"
+    notes.write_text('{"aws": {"key": "\\u0041SIA' + "Z" * 16 + '"}}')
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2,
+                    f"{notes}: contains what looks like a AWS access key id (ASIA…, in JSON at $.aws.key)")
+
+
+@pytest.mark.parametrize("token, kind, shown", [
+    ("github_pat_" + "A1_" * 10, "GitHub token", "github_pat_…"),
+    ("gho_" + "b" * 36, "GitHub token", "gho_…"),
+    ("ASIA" + "Q" * 16, "AWS access key id", "ASIA…"),
+    ("-----BEGIN OPENSSH PRIVATE KEY-----", "private key", "-----BEGIN OPENSSH PRIVATE KEY-----"),
+])
+def test_each_kind_of_secret_is_found_and_never_printed(token: str, kind: str, shown: str, dist: Path,
+                                                        tmp_path: Path) -> None:
+    (dist / RTN / "README.md").write_text(f"# card\n\nexample: {token}\n")
+    result = _push(dist, tmp_path / "hub", "--dry-run")
+    _one_line_error(result, 2, f"contains what looks like a {kind} ({shown}, at byte 17)")
+    if kind != "private key":
+        assert token not in result.output
+
+
+def test_a_token_across_a_chunk_boundary_of_a_large_file_is_found(dist: Path, tmp_path: Path) -> None:
+    from release.push import CHUNK
+
+    big = dist / RTN / "README.md"  # 17 MB: above the LFS threshold, streamed in chunks
+    start = CHUNK - 10
+    big.write_bytes(b"#" * start + HF_TOKEN_LIKE.encode() + b"\n" + b"#" * (1 << 20))
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2, f"(hf_…, at byte {start})")
+
+
+# ---------------------------------------------------------------- 5. tags
+
+
+def test_a_release_tag_is_never_claimed_and_moves_only_with_retag(hub: FakeHub, dist: Path) -> None:
+    repo = f"np-cr/{RTN}"
+    plan = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--dry-run")
+    assert "Tag `v0.1.0`: create on the new commit." in plan.output
+    first = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
+    assert first.exit_code == 0 and "tagged v0.1.0" in first.output
+    head = hub.head(repo)
+    assert hub.tags(repo) == {"v0.1.0": head}
+    again = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
+    assert again.exit_code == 0 and f"no changes, nothing uploaded; tag v0.1.0 already on {head[:12]}" in again.output
+    add_card(dist / RTN, "---\nlicense: other\n---\n# second card\n")
+    for args in (("--dry-run",), ()):
+        refused = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, *args)
+        _one_line_error(refused, 2, f"{repo}: tag v0.1.0 already points at {head[:12]}, not at the new commit",
+                        "pass --retag")
+    assert hub.head(repo) == head and len(hub.commits(repo)) == 2  # refused before committing
+    plan = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--dry-run", "--retag")
+    assert f"Tag `v0.1.0`: move from `{head[:12]}` to the new commit (--retag)." in plan.output
+    moved = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--retag")
+    assert moved.exit_code == 0, moved.output
+    new = hub.head(repo)
+    assert new != head and hub.tags(repo) == {"v0.1.0": new}
+    assert f"moved tag v0.1.0 from {head[:12]} to {new[:12]}" in moved.output and "tagged" not in moved.output
+
+
+# ---------------------------------------------------------------- 6. one push at a time per target
+
+
+def test_a_second_push_to_a_target_fails_while_another_process_holds_it(dist: Path, tmp_path: Path) -> None:
+    target = tmp_path / "hub"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from release.io import exclusive_lock\n"
+         f"with exclusive_lock(Path({str(target / '.release-push.lock')!r}), 'x'):\n"
+         "    print('held', flush=True); sys.stdin.read()"],
+        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        result = _push(dist, target)
+        _one_line_error(result, 2, f"another push to {target} is running (pid {holder.pid})")
+        assert not (target / "np-cr").exists()
+    finally:
+        holder.communicate("")
+    assert _push(dist, target).exit_code == 0  # the lock went with the process
+
+
+def test_two_pushes_in_one_process_do_not_interleave(dist: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import release.push as push
+
+    target = tmp_path / "hub"
+    copying, release_copy = threading.Event(), threading.Event()
+    copy = push._copy_hashed
+
+    def slow_copy(*args: Any) -> None:
+        copying.set()
+        release_copy.wait(30)
+        copy(*args)
+
+    monkeypatch.setattr(push, "_copy_hashed", slow_copy)
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            push.run_push(push.PushRequest.create(("rtn",), None, dist, False, target=target))
+        except BaseException as exc:  # reported below, in the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert copying.wait(30)
+    with pytest.raises(ReleaseError, match=rf"another push to {target} is running \(pid {os.getpid()}\)"):
+        push.run_push(push.PushRequest.create(("rtn",), None, dist, False, target=target))
+    release_copy.set()
+    thread.join(60)
+    assert not errors and (target / "np-cr" / RTN / "README.md").is_file() and _leftovers(target) == []
+
+
+# ---------------------------------------------------------------- 10. a corrupt report
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"checks": [', "not valid JSON (Expecting value at line 1)"),
+    (b"\xff\xfe\x00garbage", "not valid JSON"),
+    (b"[]", "field '(top level)'"),
+    (b'{"checks": [], "passed": true}', "written by an older 'release verify' (no file manifest)"),
+])
+def test_a_corrupt_report_is_a_one_line_error(content: bytes, message: str, dist: Path, tmp_path: Path) -> None:
+    path = dist / RTN / "verification" / "report.json"
+    path.write_bytes(content)
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2, f"{path}: {message}",
+                    "rerun 'release verify rtn'")

@@ -1,0 +1,271 @@
+"""`release tables` and `release card` on edge-case and damaged results (issue 11, items 10 and 13-18).
+
+The dist is written directly (results npz beside the committed card inputs), so no model runs: each test changes one
+file and checks the tables and the cards in English and Korean.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from release.config import load_build
+from tests.conftest import ROOT, invoke
+
+CARD_INPUTS = ROOT / "tests" / "data" / "cards"
+SIGMA = np.full(8, 0.5)
+RESAMPLES = "500"
+
+
+def _repo(name: str) -> str:
+    return load_build(name).repo
+
+
+def _chunks(n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    ref = rng.normal(size=(n, 32, 8))
+    ref[..., 7] = rng.uniform(0, 1, size=(n, 32))
+    return ref
+
+
+def write_results(path: Path, reference: np.ndarray, candidate: np.ndarray, obs_ids: np.ndarray,
+                  sigma: np.ndarray = SIGMA) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, reference=reference, candidate=candidate, obs_ids=obs_ids, sigma=sigma)
+    return path
+
+
+def make_dist(root: Path, n: int = 16, sq_auto: float = 0.5) -> Path:
+    """The committed card inputs (provenance, verification) plus deployed-validation results of rtn, sq_auto and
+    rtn_mavg on ``n`` observations (ids 100...), an eager-vs-compile yardstick and a 4 x 4 seed yardstick. sq_auto's
+    error is ``sq_auto`` x RTN's; rtn_mavg's differs from RTN's by observation, both ways."""
+    dist = root / "dist"
+    shutil.copytree(CARD_INPUTS, dist, ignore=shutil.ignore_patterns("tables", "selection.json"))  # tables anew
+    ref, ids = _chunks(n), np.arange(100, 100 + n)
+    noise = np.random.default_rng(1).normal(scale=0.05, size=ref.shape)
+    mavg = np.random.default_rng(3).normal(1.0, 0.1, size=(n, 1, 1))
+    scales: dict[str, float | np.ndarray] = {"rtn": 1.0, "sq_auto": sq_auto, "rtn_mavg": mavg}
+    for name, scale in scales.items():
+        write_results(dist / _repo(name) / "results" / "deployed-validation.npz", ref, ref + noise * scale, ids)
+    write_results(dist / "yardsticks" / "compile-validation.npz", ref, ref + noise * 0.1, ids)
+    few, few_ids = np.repeat(ref[:4], 4, axis=0), np.repeat(ids[:4], 4)  # as run_yardsticks writes it
+    write_results(dist / "yardsticks" / "seed-validation.npz", few,
+                  few + np.random.default_rng(2).normal(scale=0.3, size=few.shape), few_ids)
+    return dist
+
+
+@pytest.fixture
+def dist(tmp_path: Path) -> Path:
+    return make_dist(tmp_path)
+
+
+def tables(dist: Path, *names: str) -> dict[tuple[str, str], dict[str, Any]]:
+    result = invoke("tables", *names, "--dist", dist, "--resamples", RESAMPLES)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((dist / "tables" / "tables.json").read_text())
+    return {(r["build"], r["path"]): r for r in doc["records"]}
+
+
+def csv(dist: Path, name: str) -> pd.DataFrame:
+    return pd.read_csv(dist / "tables" / f"{name}.csv", dtype=str, keep_default_na=False)
+
+
+def cards(dist: Path, name: str = "sq_auto") -> tuple[str, str]:
+    result = invoke("card", name, "--dist", dist, "--lang", "en,ko")
+    assert result.exit_code == 0, result.output
+    folder = dist / _repo(name)
+    return (folder / "README.md").read_text(encoding="utf-8"), (folder / "README.ko.md").read_text(encoding="utf-8")
+
+
+def row(card: str, label: str) -> list[str]:
+    """The cells of the first card table row whose first cell starts with ``label``."""
+    line = next(x for x in card.splitlines() if x.startswith(f"| {label}"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+# item 13 -------------------------------------------------------------------------------------------------------------
+
+def test_compile_yardstick_equal_to_its_reference(dist: Path) -> None:
+    ref = np.load(dist / "yardsticks" / "compile-validation.npz")["reference"]
+    write_results(dist / "yardsticks" / "compile-validation.npz", ref, ref, np.arange(100, 116))
+    rows = tables(dist)
+    compile_row = rows[("yardstick-compile", "yardstick")]
+    assert compile_row["overall_sigma"] == 0 and compile_row["x_eager_vs_compile"] is None  # 0 / 0: undefined
+    assert compile_row["snr_db"] == "inf"
+    assert rows[("rtn", "deployed")]["x_eager_vs_compile"] == "inf"  # an error > 0 in units of a zero yardstick
+    assert rows[("yardstick-seed", "yardstick")]["x_eager_vs_compile"] == "inf"
+    assert set(csv(dist, "fidelity")["x eager-vs-compile"]) == {"∞"}
+    en, ko = cards(dist)
+    for card in (en, ko):
+        assert row(card, "BF16 eager vs BF16 torch.compile")[3:6:2] == ["-", "∞"]  # ratio, SNR
+        assert row(card, "FP8 + SmoothQuant")[3] == "∞"
+
+
+# items 14 and 10 (a damaged results file) ----------------------------------------------------------------------------
+
+def _nan_candidate(path: Path) -> None:
+    data = dict(np.load(path))
+    data["candidate"][3, 5, 2] = np.nan
+    np.savez(path, **data)
+
+
+def _inf_reference(path: Path) -> None:
+    data = dict(np.load(path))
+    data["reference"][7, 0, 0] = np.inf
+    np.savez(path, **data)
+
+
+def _replace(**arrays: Any) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        data = dict(np.load(path))
+        data.update(arrays)
+        np.savez(path, **data)
+    return edit
+
+
+def _drop(key: str) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        data = dict(np.load(path))
+        del data[key]
+        np.savez(path, **data)
+    return edit
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"not a zip file at all")
+
+
+BAD_RESULTS: dict[str, tuple[Callable[[Path], None], str]] = {
+    "nan": (_nan_candidate, "'candidate' of observation 103 (row 3) holds NaN or Inf"),
+    "inf": (_inf_reference, "'reference' of observation 107 (row 7) holds NaN or Inf"),
+    "zero sigma": (_replace(sigma=np.array([0.5, 0.5, 0.0, 0.5, 0.5, 0.5, 0.5, 0.5])), "sigma[2] is 0.0"),
+    "nan sigma": (_replace(sigma=np.array([0.5] * 7 + [np.nan])), "sigma[7] is nan"),
+    "negative sigma": (_replace(sigma=-SIGMA), "sigma[0] is -0.5"),
+    "sigma shape": (_replace(sigma=SIGMA[:7]), "'sigma' [7] must be [16] and [8]"),
+    "truncated": (_truncate, "not a readable results file"),
+    "not a zip": (_garbage, "not a readable results file"),
+    "missing array": (_drop("sigma"), "array 'sigma' is missing"),
+    "shape": (_replace(candidate=np.zeros((16, 32, 7))), "'candidate' [16, 32, 7] must both be [N, chunk, 8]"),
+    "no observations": (_replace(reference=np.zeros((0, 32, 8)), candidate=np.zeros((0, 32, 8)),
+                                 obs_ids=np.zeros(0, dtype=np.int64)), "with N and chunk >= 1"),
+    "float ids": (_replace(obs_ids=np.arange(16) + 0.7), "'obs_ids' holds float64, not integer observation ids"),
+    "ids shape": (_replace(obs_ids=np.arange(15)), "'obs_ids' [15] and 'sigma' [8] must be [16] and [8]"),
+    "too large": (_replace(candidate=np.full((16, 32, 8), 1e300)), "too large to square in sigma units"),
+}
+
+
+@pytest.mark.parametrize("where", ["build", "yardstick"])
+@pytest.mark.parametrize("case", sorted(BAD_RESULTS))
+def test_bad_results_are_a_one_line_error_naming_the_file(dist: Path, case: str, where: str) -> None:
+    edit, message = BAD_RESULTS[case]
+    file = (dist / _repo("rtn_mavg") / "results" / "deployed-validation.npz" if where == "build"
+            else dist / "yardsticks" / "compile-validation.npz")
+    edit(file)
+    result = invoke("tables", "--dist", dist, "--resamples", RESAMPLES)
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"error: {file}: ") and message in result.output, result.output
+    assert not (dist / "tables").exists()  # nothing written
+
+
+# item 15 -------------------------------------------------------------------------------------------------------------
+
+def test_too_few_observations(tmp_path: Path) -> None:
+    dist = make_dist(tmp_path, n=2)
+    rows = tables(dist)
+    for key in (("rtn", "deployed"), ("sq_auto", "deployed"), ("yardstick-compile", "yardstick")):
+        assert rows[key]["n_obs"] == 2 and rows[key]["overall_ci"] is None and rows[key]["too_few_observations"]
+    sq = rows[("sq_auto", "deployed")]
+    assert sq["diff_to_baseline"] < 0 and sq["diff_too_few_observations"] and sq["comparisons"] == 2
+    assert [sq[k] for k in ("diff_ci", "diff_ci_corrected", "diff_p", "diff_p_corrected")] == [None] * 4
+    assert all(cell.endswith(" (too few observations)") for cell in csv(dist, "fidelity")["overall (sigma) [95% CI]"])
+    ranking = csv(dist, "ranking").set_index("build")
+    sq_title = load_build("sq_auto").title
+    assert ranking.loc[sq_title, "vs baseline [Bonferroni-corrected 95% CI]"].endswith(" (too few observations)")
+    assert ranking.loc[sq_title, "p (Bonferroni-corrected)"] == "too few observations"
+    en, ko = cards(dist)
+    for card, too_few in ((en, "too few observations"), (ko, "관측 수 부족")):
+        assert row(card, "FP8 + SmoothQuant")[2].endswith(f" ({too_few})")  # fidelity: no interval
+        ranked = row(card, "1 | FP8 + SmoothQuant")
+        assert ranked[3].endswith(f" ({too_few})") and ranked[4] == too_few  # difference and p
+    assert "deployed FP8 build (diffusers), held-out labs: too few observations to compare the builds with RTN." in en
+    assert "관측 수가 너무 적어 RTN 대비 build를 비교할 수 없습니다." in ko
+
+
+# item 16 -------------------------------------------------------------------------------------------------------------
+
+def test_candidate_equal_to_its_reference(tmp_path: Path) -> None:
+    dist = make_dist(tmp_path, sq_auto=0.0)
+    rows = tables(dist)
+    sq = rows[("sq_auto", "deployed")]
+    assert sq["overall_sigma"] == 0 and sq["snr_db"] == "inf" and sq["x_eager_vs_compile"] == 0
+    assert sq["attribution"]["top3_error_share"] is None  # 0 / 0
+    fidelity = csv(dist, "fidelity").set_index("build")
+    assert fidelity.loc[load_build("sq_auto").title, "SNR (dB)"] == "∞"
+    share = csv(dist, "attribution").set_index("build").loc["sq_auto", "top3_error_share"]
+    assert share == ""
+    en, ko = cards(dist)
+    for card in (en, ko):
+        assert row(card, "FP8 + SmoothQuant")[5] == "∞"
+        attributed = next(x for x in card.splitlines() if x.startswith("| FP8 + SmoothQuant") and x.count("|") == 7)
+        assert attributed.rstrip(" |").endswith("| -")
+
+
+# item 17 -------------------------------------------------------------------------------------------------------------
+
+def test_bonferroni_m_is_the_family_not_the_command_line(dist: Path) -> None:
+    full = tables(dist)[("sq_auto", "deployed")]
+    alone = tables(dist, "sq_auto")[("sq_auto", "deployed")]
+    assert type(full["comparisons"]) is int and full["comparisons"] == alone["comparisons"] == 2
+    assert alone["diff_ci_corrected"] == full["diff_ci_corrected"]
+
+
+def test_p_of_zero_is_a_bound_and_the_corrected_interval_is_shown(dist: Path) -> None:
+    rows = tables(dist)
+    sq, mavg = rows[("sq_auto", "deployed")], rows[("rtn_mavg", "deployed")]
+    assert sq["diff_p_bound"] and sq["diff_p"] == 2 / int(RESAMPLES) and sq["diff_p_corrected"] == 4 / int(RESAMPLES)
+    assert not mavg["diff_p_bound"] and 0 < mavg["diff_p"] < 1
+    lo, hi = sq["diff_ci_corrected"]
+    assert lo < sq["diff_ci"][0] and hi > sq["diff_ci"][1]  # m = 2: wider than the plain interval
+    ranking = csv(dist, "ranking").set_index("build")
+    sq_title = load_build("sq_auto").title
+    assert ranking.loc[sq_title, "vs baseline [Bonferroni-corrected 95% CI]"] == \
+        f"{sq['diff_to_baseline']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+    assert ranking.loc[sq_title, "p (Bonferroni-corrected)"] == "< 0.008"
+    assert ranking.loc[sq_title, "m"] == "2"
+    en, ko = cards(dist)
+    header = row(en, "rank")
+    assert header[3:5] == ["vs RTN, Bonferroni-corrected 95% CI (m = 2)", "p, Bonferroni-corrected (m = 2)"]
+    assert row(ko, "순위")[3:5] == ["RTN 대비 [Bonferroni 보정 95% CI (m = 2)]", "p (Bonferroni 보정, m = 2)"]
+    for card in (en, ko):
+        ranked = row(card, "1 | FP8 + SmoothQuant")
+        assert ranked[3] == f"{sq['diff_to_baseline']:+.3f} [{lo:+.3f}, {hi:+.3f}]" and ranked[4] == "< 0.008"
+
+
+def test_mismatched_observations_are_an_error_naming_both_files(dist: Path) -> None:
+    build = dist / _repo("rtn_mavg") / "results" / "deployed-validation.npz"
+    data = dict(np.load(build))
+    np.savez(build, **{**data, "obs_ids": data["obs_ids"][::-1].copy()})
+    baseline = dist / _repo("rtn") / "results" / "deployed-validation.npz"
+    result = invoke("tables", "--dist", dist, "--resamples", RESAMPLES)
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert f"{build}: obs_ids differ from those of the baseline's {baseline}" in result.output
+    assert not (dist / "tables").exists()
+
+
+# item 18 -------------------------------------------------------------------------------------------------------------
+
+def test_seed_yardstick_resamples_observations(dist: Path) -> None:
+    seed = tables(dist)[("yardstick-seed", "yardstick")]
+    assert seed["n_obs"] == 4 and seed["n_steps"] == 16 * 32  # 4 observations x 4 seeds
+    assert seed["overall_ci"] is None and seed["too_few_observations"]  # 4 observations: below the minimum of 6

@@ -1,0 +1,334 @@
+"""``release select``: the selection rule of builds/release.yaml applied to crafted tables (gate, lowest overall, each
+tie-break level, candidates without results or outside the rule's path and split), its one-line errors, and the
+card's "How it was selected" rendered from selection.json in English and Korean."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, invoke
+
+CARD_INPUTS = ROOT / "tests" / "data" / "cards"
+RULE = """selection:
+  candidates: [{candidates}]
+  path: fakequant
+  split: calibration
+  tie_break: [{tie_break}]
+  always: [{always}]
+  count: {count}
+"""
+
+
+def record(build: str, overall: float, changes: int = 2, mae: float = 1.0, agree: float | None = None,
+           path: str = "fakequant", split: str = "calibration", steps: int = 1024) -> dict[str, Any]:
+    """A tables.json record; the gate as the build files' default gate (overall <= 0.13, changes <= 0.5% of steps)."""
+    return {"build": build, "title": f"title of {build}", "path": path, "split": split, "overall_sigma": overall,
+            "overall_ci": [overall * 0.9, overall * 1.1], "gripper_agree": 1 - changes / steps if agree is None
+            else agree, "gripper_ci": [0.98, 1.0], "gripper_changes": changes, "joint_mae_deg": mae, "n_obs": 32,
+            "n_steps": steps, "gate": overall <= 0.13 and changes <= 0.005 * steps}
+
+
+@pytest.fixture
+def builds(builds: Path) -> Path:
+    """The private copy of builds/, its release.yaml without a selection section yet (``rule`` writes one)."""
+    text = (builds / "release.yaml").read_text()
+    (builds / "release.yaml").write_text(text[:text.index("# How the delivered builds were chosen")])
+    return builds
+
+
+def rule(builds: Path, candidates: str, count: int = 1, always: str = "",
+         tie_break: str = "gripper_agree, joint_mae_deg") -> None:
+    with (builds / "release.yaml").open("a") as f:
+        f.write(RULE.format(candidates=candidates, count=count, always=always, tie_break=tie_break))
+
+
+def tables(dist: Path, records: list[dict[str, Any]]) -> Path:
+    path = dist / "tables" / "tables.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"baseline": "rtn", "records": records}))
+    return path
+
+
+def select(dist: Path) -> dict[str, Any]:
+    result = invoke("select", "--dist", dist)
+    assert result.exit_code == 0, result.output
+    doc: dict[str, Any] = json.loads((dist / "selection.json").read_text())
+    return doc
+
+
+def order(doc: dict[str, Any]) -> list[tuple[str, int | None]]:
+    return [(c["build"], c["rank"]) for c in doc["candidates"]]
+
+
+def test_the_seed_selection_from_the_seed_figures(tmp_path: Path) -> None:
+    """builds/release.yaml applied to the seed card's own figures chooses the seed's three builds: RTN as the
+    reference, then SQ auto-alpha and the moving-average observer, the only two of the seven that pass the gate."""
+    seed = json.loads((ROOT / "tests" / "data" / "seed_figures.json").read_text())
+    tables(tmp_path, seed["records"])
+    doc = select(tmp_path)
+    assert doc["chosen"] == ["rtn", "sq_auto", "rtn_mavg"]
+    assert order(doc) == [("sq_auto", 1), ("rtn_mavg", 2), ("rtn", 3), ("sq_auto_normfc", 4), ("sq_a05", 5),
+                          ("rtn_mavg005", 6), ("sq_auto_gptq", None)]  # 0.103 tie: higher gripper agreement first
+    by_name = {c["build"]: c for c in doc["candidates"]}
+    assert by_name["rtn"]["chosen"] == "always" and by_name["rtn"]["gate"]["failed"] == ["gripper_changes"]
+    assert by_name["rtn"]["gate"]["gripper_changes_limit"] == pytest.approx(5.12)
+    assert by_name["sq_auto_gptq"]["not_evaluated"] == "no_build_file"
+    assert doc["rule"]["candidates"][1] == "sq_auto_gptq" and doc["rule"]["count"] == 2
+
+
+@pytest.mark.parametrize(("tie_break", "winner"), [("gripper_agree, joint_mae_deg", "sq_auto"),
+                                                   ("joint_mae_deg, gripper_agree", "rtn_mavg")])
+def test_equal_overall_goes_to_the_tie_breaks_in_their_order(builds: Path, tmp_path: Path, tie_break: str,
+                                                             winner: str) -> None:
+    """Same overall: sq_auto agrees more often on the gripper, rtn_mavg has the lower joint MAE; the rule's order of
+    the two metrics decides (the candidate order would pick rtn_mavg, listed first)."""
+    rule(builds, "rtn_mavg, sq_auto", tie_break=tie_break)
+    tables(tmp_path, [record("rtn_mavg", 0.1, changes=4, mae=1.0), record("sq_auto", 0.1, changes=2, mae=2.0)])
+    doc = select(tmp_path)
+    assert doc["chosen"] == [winner] and order(doc)[0] == (winner, 1)
+
+
+def test_gripper_agreement_breaks_a_tie_before_the_candidate_order(builds: Path, tmp_path: Path) -> None:
+    rule(builds, "rtn_mavg, sq_auto", tie_break="gripper_agree")
+    tables(tmp_path, [record("rtn_mavg", 0.1, changes=3), record("sq_auto", 0.1, changes=1)])
+    assert select(tmp_path)["chosen"] == ["sq_auto"]
+
+
+def test_joint_mae_breaks_a_tie_of_overall_and_gripper(builds: Path, tmp_path: Path) -> None:
+    rule(builds, "rtn_mavg, sq_auto")
+    tables(tmp_path, [record("rtn_mavg", 0.1, mae=1.5), record("sq_auto", 0.1, mae=1.2)])
+    assert select(tmp_path)["chosen"] == ["sq_auto"]
+
+
+@pytest.mark.parametrize("candidates", ["rtn_mavg, sq_auto", "sq_auto, rtn_mavg"])
+def test_a_full_tie_goes_to_the_candidate_order(builds: Path, tmp_path: Path, candidates: str) -> None:
+    rule(builds, candidates)
+    tables(tmp_path, [record("rtn_mavg", 0.1), record("sq_auto", 0.1)])
+    first = candidates.split(", ")[0]
+    doc = select(tmp_path)
+    assert doc["chosen"] == [first] and [c["position"] for c in doc["candidates"]] == [1, 2]
+
+
+def test_a_build_that_fails_its_gate_is_not_chosen(builds: Path, tmp_path: Path) -> None:
+    """The lowest overall fails on the gripper, the next on overall: the third, passing, is chosen and ranks first."""
+    rule(builds, "rtn, sq_auto, rtn_mavg, sq_a05", count=2)
+    tables(tmp_path, [record("rtn", 0.05, changes=9), record("sq_auto", 0.14), record("rtn_mavg", 0.12),
+                      record("sq_a05", 0.2, changes=30)])
+    doc = select(tmp_path)
+    assert doc["chosen"] == ["rtn_mavg"]
+    assert order(doc) == [("rtn_mavg", 1), ("rtn", 2), ("sq_auto", 3), ("sq_a05", 4)]
+    gates = {c["build"]: c["gate"] for c in doc["candidates"]}
+    assert gates["rtn"]["failed"] == ["gripper_changes"] and gates["sq_auto"]["failed"] == ["overall_sigma"]
+    assert gates["sq_a05"]["failed"] == ["overall_sigma", "gripper_changes"] and gates["rtn_mavg"]["passed"]
+    assert "only 1 of 2 to choose by rank pass their gate" in invoke("select", "--dist", tmp_path).output
+
+
+def test_always_is_chosen_whatever_its_scores_and_outside_the_count(builds: Path, tmp_path: Path) -> None:
+    rule(builds, "rtn, sq_auto, rtn_mavg", always="rtn", count=1)
+    tables(tmp_path, [record("rtn", 0.5, changes=50), record("sq_auto", 0.11), record("rtn_mavg", 0.1)])
+    doc = select(tmp_path)
+    assert doc["chosen"] == ["rtn", "rtn_mavg"]
+    assert [c["chosen"] for c in doc["candidates"]] == ["rank", None, "always"]
+
+
+def test_candidates_without_results_are_listed_and_never_chosen(builds: Path, tmp_path: Path) -> None:
+    """A defined build without results and an undefined one: listed as not evaluated, in list order, after the
+    ranking, never chosen, even with room in the count."""
+    rule(builds, "sq_gptq_future, sq_a03, rtn_mavg", count=3)
+    tables(tmp_path, [record("rtn_mavg", 0.12)])
+    doc = select(tmp_path)
+    assert doc["chosen"] == ["rtn_mavg"]
+    assert [(c["build"], c["rank"], c["not_evaluated"], c["chosen"]) for c in doc["candidates"]] == [
+        ("rtn_mavg", 1, None, "rank"), ("sq_gptq_future", None, "no_build_file", None),
+        ("sq_a03", None, "no_results", None)]
+    assert doc["candidates"][2]["title"] == "FP8 + SmoothQuant alpha 0.3" and doc["candidates"][1]["title"] is None
+
+
+def test_results_outside_the_rules_path_and_split_do_not_count(builds: Path, tmp_path: Path) -> None:
+    rule(builds, "sq_auto, rtn_mavg")
+    tables(tmp_path, [record("sq_auto", 0.01, path="deployed", split="validation"),
+                      record("sq_auto", 0.02, split="validation"), record("rtn_mavg", 0.12),
+                      record("rtn_mavg", 0.3, path="deployed", split="all")])
+    doc = select(tmp_path)
+    assert doc["chosen"] == ["rtn_mavg"] and doc["candidates"][0]["scores"]["overall_sigma"] == 0.12
+    outside = doc["candidates"][1]
+    assert (outside["build"], outside["rank"], outside["not_evaluated"]) == ("sq_auto", None, "no_results")
+    assert outside["evaluated_on"] == ["deployed/validation", "fakequant/validation"]
+
+
+def test_selection_is_deterministic_and_dated_by_source_date_epoch(builds: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    rule(builds, "rtn_mavg, sq_auto")
+    tables(tmp_path, [record("rtn_mavg", 0.1), record("sq_auto", 0.11)])
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796004000")
+    first = (select(tmp_path), (tmp_path / "selection.json").read_bytes())[1]
+    assert select(tmp_path)["date"] == "2026-11-30T02:00:00Z"
+    assert (tmp_path / "selection.json").read_bytes() == first
+
+
+def _fails(dist: Path, *needles: str) -> None:
+    """Exit 2, one line naming what to fix, and no selection.json written."""
+    result = invoke("select", "--dist", dist)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and result.output.count("\n") == 1, result.output
+    for needle in needles:
+        assert needle in result.output
+    assert not (dist / "selection.json").exists()
+
+
+def test_missing_or_corrupt_tables_are_one_line_errors(builds: Path, tmp_path: Path) -> None:
+    rule(builds, "rtn_mavg, sq_auto")
+    path = tmp_path / "tables" / "tables.json"
+    _fails(tmp_path, f"{path}: missing (fidelity tables); run 'release tables' first")
+    path.parent.mkdir()
+    path.write_text('{"records": [')
+    _fails(tmp_path, f"{path}: not valid JSON", "run 'release tables' to rewrite it")
+    path.write_text('["records"]')
+    _fails(tmp_path, f"{path}: expected a JSON object")
+    path.write_text('{"records": {"build": "rtn"}}')
+    _fails(tmp_path, f"{path}: field 'records' must be a list of records")
+    path.write_bytes(b"\xff\xfe")
+    _fails(tmp_path, f"{path}: not valid JSON")
+    broken = record("rtn_mavg", 0.1)
+    broken["overall_sigma"] = "low"
+    tables(tmp_path, [broken])
+    _fails(tmp_path, f"{path}: the record of build 'rtn_mavg' (fakequant, calibration): field 'overall_sigma'")
+    broken = record("rtn_mavg", 0.1)
+    del broken["gate"]
+    tables(tmp_path, [broken])
+    _fails(tmp_path, "field 'gate' is None: must be true or false")
+
+
+def test_a_gate_older_than_the_build_file_is_refused(builds: Path, tmp_path: Path) -> None:
+    """tables.json says pass, but the build file's gate has since become stricter: rerun release tables."""
+    rule(builds, "rtn_mavg, sq_auto")
+    tables(tmp_path, [record("rtn_mavg", 0.12)])
+    text = (builds / "rtn_mavg.yaml").read_text()
+    (builds / "rtn_mavg.yaml").write_text(text.replace("overall_sigma: 0.13", "overall_sigma: 0.11"))
+    _fails(tmp_path, "the gate of build 'rtn_mavg' (pass) disagrees with the limits in", "overall <= 0.11",
+           "rerun 'release tables'")
+    (builds / "rtn_mavg.yaml").unlink()
+    _fails(tmp_path, "has results for build 'rtn_mavg' but", "rtn_mavg.yaml is missing")
+
+
+def test_no_selection_section_or_a_bad_one(builds: Path, tmp_path: Path) -> None:
+    tables(tmp_path, [record("rtn_mavg", 0.1)])
+    _fails(tmp_path, f"{builds / 'release.yaml'}: no 'selection' section; add one")
+    base = (builds / "release.yaml").read_text()
+    bad = {"rtn_mavg, rtn_mavg": "'rtn_mavg' is listed twice in 'candidates'",
+           "rtn_mavg, ../sq_auto": "'../sq_auto' is not a build name"}
+    for candidates, message in bad.items():
+        (builds / "release.yaml").write_text(base)
+        rule(builds, candidates)
+        _fails(tmp_path, "release.yaml:", "field 'selection.candidates'", message)
+    (builds / "release.yaml").write_text(base)
+    rule(builds, "rtn_mavg, sq_auto", always="rtn")
+    _fails(tmp_path, "'always' names 'rtn', which is not in 'candidates'")
+    (builds / "release.yaml").write_text(base)
+    rule(builds, "rtn_mavg", tie_break="snr_db")
+    _fails(tmp_path, "field 'selection.tie_break.0'", "'gripper_agree' or 'joint_mae_deg'")
+    (builds / "release.yaml").write_text(base)
+    rule(builds, "rtn_mavg", count=0)
+    _fails(tmp_path, "field 'selection.count'")
+
+
+def test_dist_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "dist").write_text("")
+    result = invoke("select", "--dist", tmp_path / "dist")
+    assert result.exit_code == 2 and "exists and is not a folder" in result.output
+
+
+# The card's "How it was selected", from selection.json.
+
+REPOS = {"rtn": "Cosmos3-Nano-Policy-DROID-FP8", "sq_auto": "Cosmos3-Nano-Policy-DROID-FP8-SmoothQuant",
+         "rtn_mavg": "Cosmos3-Nano-Policy-DROID-FP8-RTN-MovingAvgObserver"}
+
+
+@pytest.fixture
+def card_dist(tmp_path: Path) -> Path:
+    """The committed card inputs without their selection.json."""
+    dist = tmp_path / "dist"
+    shutil.copytree(CARD_INPUTS, dist)
+    (dist / "selection.json").unlink()
+    return dist
+
+
+def _section(dist: Path, build: str, lang: str) -> str:
+    text = (dist / REPOS[build] / ("README.md" if lang == "en" else f"README.{lang}.md")).read_text(encoding="utf-8")
+    start = text.index("## How it was selected" if lang == "en" else "## 선정 방법")
+    return text[start:text.index("\n## ", start + 1)]
+
+
+def test_the_card_tells_the_selection_in_english_and_korean(card_dist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert invoke("card", "--dist", card_dist, "--lang", "en,ko").exit_code == 0
+    before = _section(card_dist, "rtn_mavg", "en")
+    assert "Selected on" not in before and before.count("\n\n") == 1  # today's text: build date, gate, verdict
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1795996800")
+    assert invoke("select", "--dist", card_dist).exit_code == 0
+    assert invoke("card", "--dist", card_dist, "--lang", "en,ko").exit_code == 0
+    en = {b: _section(card_dist, b, "en") for b in REPOS}
+    assert "Selected on November 30, 2026 from 7 candidate builds of the same scheme" in en["rtn"]
+    assert "on 32 observations of the calibration labs (in-sample)" in en["rtn"]
+    assert ("ties go to the higher gripper agreement, then the lower joint MAE, then the order of the candidate "
+            "list") in en["rtn"]
+    assert "Chosen by rank, up to 2 that pass their gate: `rtn_mavg`." in en["rtn"]
+    assert "This build was chosen: rank 1 of 3." in en["rtn_mavg"]
+    assert "This build is chosen in any case, as the reference: rank 2 of 3." in en["rtn"]
+    assert "This build was not chosen: rank 3 of 3." in en["sq_auto"]
+    assert "| - | `sq_auto_gptq` | - | - | - | not evaluated: no build file | - |" in en["rtn"]
+    assert "| 6 / 1024 | fail (gripper changes) | - |" in en["sq_auto"]
+    assert en["rtn_mavg"].endswith(before.split("\n\n", 1)[1])  # the build date and gate follow, as before
+    ko = {b: _section(card_dist, b, "ko") for b in REPOS}
+    assert "2026년 11월 30일에 같은 scheme의 후보 build 7개 중에서 선정했습니다." in ko["rtn"]
+    assert "이 build는 선정되었습니다: 3개 중 1위." in ko["rtn_mavg"]
+    assert "이 build는 기준으로서 점수와 관계없이 선정됩니다: 3개 중 2위." in ko["rtn"]
+    assert "이 build는 선정되지 않았습니다: 3개 중 3위." in ko["sq_auto"]
+    assert "| 8 / 1024 | 초과 (gripper 판정 변화) | 예 (기준) |" in ko["rtn"]
+    assert "동률일 때의 기준: gripper 일치율이 높은 쪽, 그다음 관절 MAE가 낮은 쪽, 그다음 후보 목록에서 앞선 쪽." \
+        in ko["rtn"]
+
+
+def test_the_card_of_a_build_outside_the_rule_and_an_empty_choice(builds: Path, card_dist: Path) -> None:
+    rule(builds, "rtn, sq_auto", always="rtn")
+    assert invoke("select", "--dist", card_dist).exit_code == 0
+    assert invoke("card", "--dist", card_dist, "--lang", "en,ko").exit_code == 0
+    assert "This build is not one of the candidates." in _section(card_dist, "rtn_mavg", "en")
+    assert "이 build는 후보가 아니었습니다." in _section(card_dist, "rtn_mavg", "ko")
+    assert "Chosen by rank, up to 1 that pass their gate: none." in _section(card_dist, "sq_auto", "en")
+    assert "from 2 candidate builds" in _section(card_dist, "sq_auto", "en")
+    assert "gate를 통과한 build 중 순위대로 최대 1개 선정: 없음." in _section(card_dist, "sq_auto", "ko")
+
+
+def test_the_card_refuses_a_stale_or_damaged_selection(card_dist: Path) -> None:
+    assert invoke("select", "--dist", card_dist).exit_code == 0
+    selection = card_dist / "selection.json"
+    table = card_dist / "tables" / "tables.json"
+    table.write_text(table.read_text().replace('"overall_sigma": 0.0215782048', '"overall_sigma": 0.0215782049'))
+    result = invoke("card", "--dist", card_dist, "--check")
+    assert result.exit_code == 2
+    assert f"{selection}: made from other tables than {table}; run 'release select'" in result.output
+    doc = json.loads(selection.read_text())
+    doc["candidates"][0]["rank"] = None
+    selection.write_text(json.dumps(doc))
+    result = invoke("card", "--dist", card_dist, "--check")
+    assert result.exit_code == 2 and f"{selection}: field 'candidates.0'" in result.output
+    assert "run 'release select' to rewrite it" in result.output
+    selection.write_text("{")
+    result = invoke("card", "--dist", card_dist, "--check")
+    assert result.exit_code == 2 and f"{selection}: not valid JSON" in result.output
+
+
+def test_committed_card_selection_matches_the_committed_tables(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """tests/data/cards/selection.json is what 'release select' makes of the committed tables.json (the golden cards
+    show it); regenerate it with SOURCE_DATE_EPOCH=1796004000 when the tables or the rule change."""
+    dist = tmp_path / "dist"
+    shutil.copytree(CARD_INPUTS, dist)
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796004000")
+    assert invoke("select", "--dist", dist).exit_code == 0
+    assert (dist / "selection.json").read_bytes() == (CARD_INPUTS / "selection.json").read_bytes()
