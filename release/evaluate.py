@@ -272,7 +272,10 @@ def describe(path: Path) -> str:
     """One line of a results file's point estimates over all its observations."""
     data = load_npz(path, "rerun the command that wrote it ('release eval' or 'release import-served')")
     steps = data["candidate"].shape[0] * data["candidate"].shape[1]
-    return (f"{len(data['obs_ids'])} observations, overall {np.sqrt(np.mean(data['overall_sigma'] ** 2)):.4f} "
+    rows, observations = len(data["obs_ids"]), len(np.unique(data["obs_ids"]))
+    counted = f"{observations} observations" if rows == observations else \
+        f"{rows} rollouts of {observations} observations"  # the seed yardstick: several seeds per observation
+    return (f"{counted}, overall {np.sqrt(np.mean(data['overall_sigma'] ** 2)):.4f} "
             f"sigma, joint MAE {np.mean(data['joint_mae_deg']):.3f} deg, gripper {int(data['gripper_agree'].sum())}"
             f"/{steps} steps agree")
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from release.evaluate import emulated_fp8_forward, emulated_fp8_gemm, hopper_fp8_accumulate
+from release.evaluate import describe, emulated_fp8_forward, emulated_fp8_gemm, hopper_fp8_accumulate
 from tests.conftest import invoke
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -37,6 +37,7 @@ def test_results_hold_every_chunk(evaluated: Path, tiny: Path) -> None:
     assert not np.array_equal(deployed["candidate"], data["candidate"])  # kernel arithmetic vs fake quant
     seeds = np.load(evaluated / "yardsticks" / "seed-validation.npz")
     assert seeds["reference"].shape == (16, 32, 8) and len(set(seeds["seeds"])) == 4
+    assert describe(evaluated / "yardsticks" / "seed-validation.npz").startswith("16 rollouts of 4 observations, ")
     # each observation's metrics stored beside its chunks, recomputed here from the definitions
     diff = data["candidate"].astype(np.float64) - data["reference"]
     assert np.allclose(data["overall_sigma"], np.sqrt(((diff / data["sigma"]) ** 2).mean(axis=(1, 2))))
