@@ -211,10 +211,15 @@ CHECK_LABELS = {"layout": _("Files, tensor names, dtypes and shapes"),
 CHECK_STATUS = {"passed": _("passed"), "failed": _("FAILED"), "skipped": _("skipped")}
 
 
-def check_status(check: dict[str, Any]) -> str:
-    """A check's status in ``report.json``; reports before ``status`` had ``passed`` and ``skipped`` flags."""
-    return str(check.get("status") or ("skipped" if check.get("skipped") else
-                                       "passed" if check.get("passed") else "failed"))
+def check_statuses(report: dict[str, Any], path: Path, build: str) -> list[str]:
+    """Each check's status in ``report.json``; a report without them (an older 'release verify') is refused, as
+    ``release push`` refuses it."""
+    checks = report["checks"]
+    if not isinstance(checks, list) or not all(isinstance(c, dict) and c.get("status") in CHECK_STATUS
+                                               and c.get("name") in CHECK_LABELS for c in checks):
+        raise ReleaseError(f"{path}: 'checks' is not a list of checks with a name and a status (passed, failed, "
+                           f"skipped); rerun 'release verify {build}'")
+    return [c["status"] for c in checks]
 
 
 # Headers with a literal "%": Jinja's trans blocks would look them up as "%%".
@@ -368,8 +373,9 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, all_r
     t = translations(lang).gettext
     f = Formatter(lang)
     prov = read_json(folder / "provenance.json", "provenance", f"release build {build.name}", PROVENANCE_FIELDS)
-    report = read_json(folder / "verification" / "report.json", "verification report", f"release verify {build.name}",
-                       ("checks",))
+    report_path = folder / "verification" / "report.json"
+    report = read_json(report_path, "verification report", f"release verify {build.name}", ("checks",))
+    statuses = check_statuses(report, report_path, build.name)
     mine = [r for r in all_records if r["build"] == build.name]
     if not mine:
         raise ReleaseError(f"tables.json has no results for build {build.name!r}; run 'release eval {build.name}' "
@@ -422,10 +428,12 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, all_r
         "built_date": f.date(date), "gate_sigma": f.num(build.gate.overall_sigma, 2),
         "gate_rate": f.pct(build.gate.gripper_change_rate, 1), "gate_verdict": gate_verdict,
         "verification_reference": Path(report["reference"]).name if report.get("reference") else "",
-        "verification": [{"label": t(CHECK_LABELS[c["name"]]), "status": t(CHECK_STATUS[check_status(c)]),
-                          "summary": c["summary"]} for c in report["checks"]],
-        "verification_skipped": ", ".join(t(CHECK_LABELS[c["name"]]) for c in report["checks"]
-                                          if check_status(c) == "skipped"),
+        "verification": [{"label": t(CHECK_LABELS[c["name"]]), "status": t(CHECK_STATUS[status]),
+                          "summary": c.get("summary", "")} for c, status in zip(report["checks"], statuses,
+                                                                                strict=True)],
+        "verification_skipped": ", ".join(t(CHECK_LABELS[c["name"]]) for c, status in zip(report["checks"], statuses,
+                                                                                          strict=True)
+                                          if status == "skipped"),
         "plot": plot, "min_obs": min_observations(),
         "fidelity_rows": fidelity_rows(mine + baseline + yardsticks, f, t),
         "conclusions": conclusions(all_records, "RTN", t),

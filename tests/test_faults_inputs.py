@@ -255,6 +255,9 @@ CARD_FAULTS = {
                           ("report.json", "release verify rtn")),
     "report.json without checks": (f"{RTN}/verification/report.json", lambda t: "{}",
                                    ("report.json", "'checks'", "release verify rtn")),
+    "report.json of an older verify": (f"{RTN}/verification/report.json",
+                                       lambda t: json.dumps({"checks": [{"name": "layout", "passed": True}]}),
+                                       ("report.json", "'checks'", "a status", "release verify rtn")),
     "provenance.json empty object": (f"{RTN}/provenance.json", lambda t: "{}",
                                      ("provenance.json", "release build rtn")),
 }
