@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 import release.evaluate as ev
+import release.fp8 as fp8
 from release.config import load_release
 from release.observations import load_observations
 from release.policy import load_pipeline, rollout
@@ -24,16 +25,16 @@ def main(fixture: Path, build: Path, n: int = 4) -> None:
     pipe = load_pipeline(fixture / "source", release.policy, transformer=ev.deployed_transformer(build))
     for obs in observations:  # warm-up: the VAE encodes of the observations are memoised
         rollout(pipe, obs, release.policy, mixed_precision_format="none")
-    exact = ev.hopper_fp8_accumulate
+    exact = fp8.hopper_accumulate
     variants = {"Hopper model (exact)": exact, "fp32 matmul": lambda a, b: a.float() @ b.float().T}
     print(f"torch threads: {torch.get_num_threads()}\n\n| FP8 GEMM accumulation | s per warm rollout |\n|---|---:|")
     for label, fn in variants.items():
-        ev.hopper_fp8_accumulate = fn
+        fp8.hopper_accumulate = fn
         start = time.perf_counter()
         for obs in observations:
             rollout(pipe, obs, release.policy, mixed_precision_format="none")
         print(f"| {label} | {(time.perf_counter() - start) / n:.2f} |")
-    ev.hopper_fp8_accumulate = exact
+    fp8.hopper_accumulate = exact
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """Made on the GPU machine: the deployed path's emulation against ModelOpt's FP8 GEMM on an H200, on one device.
 
 Usage (CUDA machine, nvidia-modelopt and diffusers importable):
-    python3 bench/gpu_deployed_check.py OUT_DIR FIXTURE_DIR BUILD_DIR
+    python3 bench/gpu_deployed_check.py OUT_DIR FIXTURE_DIR BUILD_DIR [rollouts]   (rollouts: part 2 only)
 
 1. GEMMs at the Nano's widths (hidden 4096, MLP 12288) for several token counts: ``torch._scaled_mm`` with fast
-   accumulation (fp32 out, unit scales) against ``release.evaluate.hopper_fp8_accumulate`` run on the same GPU, on
+   accumulation (fp32 out, unit scales) against ``release.fp8.hopper_accumulate`` run on the same GPU, on
    FP8 codes of N(0, 1) data: how many outputs differ (cuBLAS splitting K shows here).
 2. The tiny build's deployed rollouts on the GPU for every validation observation, once with ModelOpt's FP8 GEMM
    and once with the emulation (also on the GPU, so that nothing else differs): every FP8 Linear output of every
@@ -27,7 +27,7 @@ WIDTHS = ((4096, 4096), (4096, 12288), (12288, 4096))  # (in, out)
 
 
 def gemm_sweep() -> list[dict]:
-    from release.evaluate import hopper_fp8_accumulate
+    from release.fp8 import hopper_accumulate
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     one = torch.ones((), device="cuda")
@@ -41,7 +41,7 @@ def gemm_sweep() -> list[dict]:
             kernel = torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.float32,
                                       use_fast_accum=True)
             t0 = time.time()
-            emulated = hopper_fp8_accumulate(a, b, max_elements=1 << 27)
+            emulated = hopper_accumulate(a, b, max_elements=1 << 27)
             torch.cuda.synchronize()
             differ = int((kernel.view(torch.int32) != emulated.view(torch.int32)).sum())
             rows.append({"tokens": m, "in": k, "out": n, "differ": differ, "of": m * n,
@@ -54,9 +54,9 @@ def rollouts(fixture: Path, build: Path, emulate: bool) -> tuple[np.ndarray, lis
     """Actions [N, chunk, 8] for every validation observation and every FP8 Linear output, in call order."""
     from release.config import load_release
     from release.evaluate import deployed_transformer, select
-    from release.export import quantized_linears
     from release.observations import load_observations
     from release.policy import load_pipeline, rollout
+    from release.recipes import quantized_linears
 
     release = load_release()
     model = deployed_transformer(build, emulate=emulate)
@@ -71,8 +71,9 @@ def rollouts(fixture: Path, build: Path, emulate: bool) -> tuple[np.ndarray, lis
     return actions, outputs, time.time() - t0
 
 
-def main(out: Path, fixture: Path, build: Path) -> None:
-    report: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(), "gemms": gemm_sweep()}
+def main(out: Path, fixture: Path, build: Path, parts: str = "all") -> None:
+    report: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
+                    "gemms": gemm_sweep() if parts == "all" else None}
     kernel, kernel_out, kernel_s = rollouts(fixture, build, emulate=False)
     emulated, emulated_out, emulated_s = rollouts(fixture, build, emulate=True)
     same = [bool(torch.equal(a, b)) for a, b in zip(kernel_out, emulated_out, strict=True)]
@@ -86,4 +87,4 @@ def main(out: Path, fixture: Path, build: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(*(Path(p) for p in sys.argv[1:4]))
+    main(*(Path(p) for p in sys.argv[1:4]), *sys.argv[4:5])

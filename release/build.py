@@ -15,10 +15,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from release import ReleaseError, __version__
-from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
+from release.config import BuildConfig, ReleaseConfig, available_builds, builds_dir, load_build, load_release
 from release.io import atomic_dir, build_date, output_folder, sha256_file, write_json
 from release.observations import Observation, load_observations, split
-from release.source import check_architecture, resolve_source, source_revision
+from release.source import SourceModel, check_architecture, resolve_source, source_revision
 
 OBSERVATIONS_ENV = "RELEASE_OBSERVATIONS"
 CACHE_ENV = "RELEASE_CACHE"
@@ -39,7 +39,7 @@ class BuildRequest:
                out: Path) -> BuildRequest:
         release = load_release()
         if all_builds:
-            names = tuple(available_builds())
+            names = tuple(release.sweep or available_builds())
         if not names:
             raise ReleaseError(f"name at least one build ({', '.join(available_builds())}) or pass --all")
         builds = [load_build(n) for n in dict.fromkeys(names)]
@@ -86,7 +86,7 @@ def capture_calibration(request: BuildRequest, observations: list[Observation], 
     folder.mkdir(parents=True, exist_ok=True)
     todo = [o for o in observations if not (folder / f"obs-{o.obs_id:05d}.pt").is_file()]
     if todo:
-        from release.export import check_finite
+        from release.recipes.base import check_finite
 
         pipe = load_pipeline(request.source, request.release.policy)
         check_finite(pipe.transformer, request.source)
@@ -132,7 +132,7 @@ class CalibrationData:
     def algorithm_calls(self, build: BuildConfig) -> list[dict[str, Any]]:
         """One call per observation, cycling through the rollout's steps and CFG passes (obs i -> call i mod 8)."""
         calls = [per_obs[i % len(per_obs)] for i, per_obs in enumerate(self.per_observation) if per_obs]
-        if build.recipe != "rtn" and len(calls) < build.algorithm_calls:
+        if build.needs_algorithm_data and len(calls) < build.algorithm_calls:
             raise ReleaseError(
                 f"builds/{build.name}.yaml: field 'algorithm_calls' asks for {build.algorithm_calls} calls (one per "
                 f"observation), only {len(calls)} calibration observations exist; add observations or lower it"
@@ -173,12 +173,21 @@ def _device_name() -> str:
     return f"cpu ({platform.machine()})"
 
 
+def _build_files(build: BuildConfig) -> dict[str, bytes]:
+    """The build file and release.yaml as read, uploaded beside the checkpoint so that the card's reproduction
+    section names the exact configuration."""
+    return {name: (builds_dir() / name).read_bytes() for name in (f"{build.name}.yaml", "release.yaml")}
+
+
 def run_builds(request: BuildRequest) -> bool:
-    """Build every requested build, then verify each against the RTN build; True when all checks passed."""
+    """Build every requested build from one load of the source and one calibration capture, then verify each
+    against the RTN build; True when all checks passed."""
     import diffusers
     import modelopt
 
-    from release.export import export_build, quantize
+    from release.export import export_build
+    from release.policy import compute_device, map_tensors
+    from release.recipes import changes_weights, max_weight_error, quantize, steps
 
     config = check_architecture(request.source)
     revision = source_revision(request.source)
@@ -188,43 +197,61 @@ def run_builds(request: BuildRequest) -> bool:
         raise ReleaseError(f"{request.observations}: no observation from the calibration labs "
                            f"({', '.join(request.release.calibration_labs)})")
     data = CalibrationData.load(capture_calibration(request, calibration, revision), calibration)
+    for build in request.builds:  # every build's data is checked before the first one is made
+        data.calibration_calls(build), data.algorithm_calls(build)
+    device = compute_device()
+    source = SourceModel(request.source)
     written: list[BuildConfig] = []
-    for build in request.builds:
-        calls, algorithm = data.calibration_calls(build), data.algorithm_calls(build)
-        final = request.out / build.repo
-        console.print(f"[bold]build {build.name}[/] ({build.recipe}, {build.calibrator.method}) -> {final}")
-        with atomic_dir(final) as tmp:
-            quantized = quantize(request.source, build, calls, algorithm)
-            n_quantized = export_build(quantized, build, request.source, tmp)
-            write_json(tmp / "provenance.json", {
-                "build": build.name,
-                "repo": build.repo,
-                "recipe": {
-                    "name": build.recipe,
-                    "smoothquant": build.smoothquant.model_dump() if build.smoothquant else None,
-                    "alpha_table": quantized.alpha_table,
-                    "observer": build.calibrator.model_dump(),
-                    "arithmetic": build.arithmetic,
-                },
-                "source": {"repo": request.release.base_model, "revision": revision,
-                           "architecture": {k: config[k] for k in ("hidden_size", "num_hidden_layers")}},
-                "tool": {"name": "release", "version": __version__, "commit": _git_commit()},
-                "versions": {"modelopt": modelopt.__version__, "torch": torch.__version__,
-                             "diffusers": diffusers.__version__, "python": platform.python_version()},
-                "device": _device_name(),
-                "seeds": {"noise_seed": request.release.policy.noise_seed},
-                "policy": request.release.policy.model_dump(),
-                "calibration": {"observations": len(calibration), "calls": len(calls),
-                                "sha256": CalibrationData.digest(calls), "capture_sha256": data.sha256,
-                                "labs": sorted({o.lab for o in calibration})},
-                "algorithm_data": {"calls": len(algorithm) if build.recipe != "rtn" else 0,
-                                   "sha256": CalibrationData.digest(algorithm) if build.recipe != "rtn" else None},
-                "quantized_linears": n_quantized,
-                "config_sha256": build.digest(),
-                "date": build_date(),
-            })
-        console.print(f"  {n_quantized} FP8 Linears written")
-        written.append(build)
+    with _progress() as progress:
+        task = progress.add_task("builds", total=len(request.builds))
+        for build in request.builds:
+            calls, algorithm = data.calibration_calls(build), data.algorithm_calls(build)
+            final = request.out / build.repo
+            progress.console.print(f"[bold]build {build.name}[/] ({'+'.join(build.recipe)}, {build.scheme}, "
+                                   f"{build.calibrator.method}) -> {final}")
+            with atomic_dir(final) as tmp:
+                on_device = [[map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm)]
+                quantized = quantize(source.instantiate(device), build, on_device[0], on_device[1])
+                exported = export_build(quantized, build, source, on_device[0][0], tmp, _build_files(build))
+                uses_data = build.needs_algorithm_data
+                write_json(tmp / "provenance.json", {
+                    "build": build.name,
+                    "repo": build.repo,
+                    "recipe": {
+                        "name": "+".join(build.recipe),
+                        "steps": build.recipe,
+                        "parameters": {step.name: step.describe(build) for step in steps(build)},
+                        "scheme": build.scheme,
+                        "layerwise_calibration": build.layerwise,
+                        "alpha_table": quantized.alpha_table,
+                        "observer": build.calibrator.model_dump(),
+                        "arithmetic": build.arithmetic,
+                        "changes_weights": changes_weights(build),
+                        "max_weight_error": max_weight_error(build),
+                        "reconstruction": quantized.reconstruction,
+                    },
+                    "source": {"repo": request.release.base_model, "revision": revision,
+                               "architecture": {k: config[k] for k in ("hidden_size", "num_hidden_layers")}},
+                    "tool": {"name": "release", "version": __version__, "commit": _git_commit()},
+                    "versions": {"modelopt": modelopt.__version__, "torch": torch.__version__,
+                                 "diffusers": diffusers.__version__, "python": platform.python_version()},
+                    "device": _device_name(),
+                    "seeds": {"noise_seed": request.release.policy.noise_seed},
+                    "policy": request.release.policy.model_dump(),
+                    "calibration": {"observations": len(calibration), "calls": len(calls),
+                                    "sha256": CalibrationData.digest(calls), "capture_sha256": data.sha256,
+                                    "labs": sorted({o.lab for o in calibration})},
+                    "algorithm_data": {"calls": len(algorithm) if uses_data else 0,
+                                       "sha256": CalibrationData.digest(algorithm) if uses_data else None},
+                    "quantized_linears": exported["quantized_linears"],
+                    "fp8": {k: exported[k] for k in ("codes_sha256", "codes", "input_amax")},
+                    "config_sha256": build.digest(),
+                    "date": build_date(),
+                })
+                del quantized, on_device
+            progress.console.print(f"  {exported['quantized_linears']} FP8 Linears written")
+            written.append(build)
+            progress.advance(task)
     from release.verify import VerifyRequest, verify_builds
 
     return verify_builds([VerifyRequest.create(b.name, request.out, None, request.source, request.observations,

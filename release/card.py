@@ -12,6 +12,7 @@ import datetime as dt
 import functools
 import io
 import math
+import re
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from release import ReleaseError
 from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
 from release.io import atomic_write, read_json
-from release.select import TABLES, Candidate, SelectionDoc, read_selection, read_tables
+from release.select import TABLES, Candidate, SelectionDoc, read_selection, read_tables_doc
 from release.stats import min_observations
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -224,13 +225,24 @@ def check_statuses(report: dict[str, Any], path: Path, build: str) -> list[str]:
 
 # Headers with a literal "%": Jinja's trans blocks would look them up as "%%".
 HEADERS = {"overall": _("overall (sigma) [95% CI]"), "gripper": _("gripper agree [95% CI]"),
-           "served_sigma": _("served sigma [95% CI]"), "served_diff": _("served vs RTN [95% CI]"),
            "sigma": _("sigma [95% CI]"), "diff": _("vs RTN [95% CI]"),
            "plot": _("Overall action error per build and path with 95% CIs; the line is the gate.")}
-CORRECTED = {"diff": _("vs RTN, Bonferroni-corrected 95% CI (m = {m})"),
-             "served_diff": _("served vs RTN, Bonferroni-corrected 95% CI (m = {m})"),
-             "p": _("p, Bonferroni-corrected (m = {m})")}
+CORRECTED = {"diff": _("vs RTN, Bonferroni-corrected 95% CI (m = {m})"), "p": _("p, Bonferroni-corrected (m = {m})")}
+# The columns of a results table on a path that is not fake quant (the seed's "served results").
+PATH_HEADERS = {
+    "served": {"sigma": _("served sigma [95% CI]"), "diff": _("served vs RTN [95% CI]"),
+               "diff_m": _("served vs RTN, Bonferroni-corrected 95% CI (m = {m})"), "changes": _("served changes"),
+               "gate": _("gate (fake quant / served)")},
+    "deployed": {"sigma": _("deployed sigma [95% CI]"), "diff": _("deployed vs RTN [95% CI]"),
+                 "diff_m": _("deployed vs RTN, Bonferroni-corrected 95% CI (m = {m})"),
+                 "changes": _("deployed changes"), "gate": _("gate (fake quant / deployed)")},
+}
 TOO_FEW = _("too few observations")
+PER_TENSOR = "fp8_w8a8_per_tensor_static"
+PER_CHANNEL = "fp8_per_channel_per_token"
+FAMILIES = {PER_TENSOR: _("NVIDIA's format (W8A8 FP8, per-tensor static)"),
+            PER_CHANNEL: _("per-channel weight / per-token activation (exploratory)")}
+MEASURED = ("fakequant", "deployed", "served")
 
 
 def build_label(record: dict[str, Any], t: Any) -> str:
@@ -243,24 +255,45 @@ def _estimate(value: float, ci: list[float] | None, f: Formatter, t: Any, sign: 
     return f"{f.num(value, sign=sign)} {f.ci(ci, sign=sign) if ci is not None else f'({t(TOO_FEW)})'}"
 
 
+def _where(path: str, split: str, t: Any) -> str:
+    return f"{t(PATH_LABELS[path])}, {t(SPLIT_LABELS[split])}"
+
+
+def scheme_of(record: dict[str, Any]) -> str:
+    return str(record.get("scheme") or PER_TENSOR)
+
+
+def _group(records: list[dict[str, Any]], path: str, split: str, scheme: str | None = None) -> list[dict[str, Any]]:
+    """The records of one path and split (and scheme), lowest overall first."""
+    return sorted((r for r in records if (r["path"], r["split"]) == (path, split)
+                   and (scheme is None or scheme_of(r) == scheme)), key=lambda r: r["overall_sigma"])
+
+
+def _groups(records: list[dict[str, Any]], paths: tuple[str, ...]) -> list[tuple[str, str]]:
+    order = {p: i for i, p in enumerate(MEASURED)}
+    return sorted({(r["path"], r["split"]) for r in records if r["path"] in paths},
+                  key=lambda g: (order[g[0]], list(SPLIT_LABELS).index(g[1])))
+
+
 def fidelity_rows(records: list[dict[str, Any]], f: Formatter, t: Any) -> list[dict[str, str]]:
     return [{
-        "label": build_label(r, t), "path": f"{t(PATH_LABELS[r['path']])}, {t(SPLIT_LABELS[r['split']])}",
+        "label": build_label(r, t), "path": _where(r["path"], r["split"], t),
         "overall": _estimate(r["overall_sigma"], r["overall_ci"], f, t),
         "ratio": f.num(r["x_eager_vs_compile"], 2), "mae": f.num(r["joint_mae_deg"], 2), "snr": f.num(r["snr_db"], 1),
         "gripper": f"{f.pct(r['gripper_agree'])} {f.pct_ci(r['gripper_ci'])}",
     } for r in records]
 
 
-def diff_headers(records: list[dict[str, Any]], t: Any, served: bool = False) -> dict[str, str]:
+def diff_headers(records: list[dict[str, Any]], t: Any, path: str = "fakequant") -> dict[str, str]:
     """Headers of the difference and p columns: the intervals and p-values shown are Bonferroni-corrected over the
     m builds compared with RTN on the same path and split; with m = 1 that is the plain 95% interval."""
     ms = sorted({r["comparisons"] for r in records if r.get("comparisons")})
-    key = "served_diff" if served else "diff"
+    plain, corrected = (HEADERS["diff"], CORRECTED["diff"]) if path == "fakequant" else \
+        (PATH_HEADERS[path]["diff"], PATH_HEADERS[path]["diff_m"])
     if ms in ([], [1]):
-        return {"diff": t(HEADERS[key]), "p": "p"}
+        return {"diff": t(plain), "p": "p"}
     m = ", ".join(map(str, ms))
-    return {"diff": t(CORRECTED[key]).format(m=m), "p": t(CORRECTED["p"]).format(m=m)}
+    return {"diff": t(corrected).format(m=m), "p": t(CORRECTED["p"]).format(m=m)}
 
 
 def _diff(r: dict[str, Any], f: Formatter, t: Any) -> str:
@@ -277,12 +310,21 @@ def _p(r: dict[str, Any], f: Formatter, t: Any) -> str:
     return f.p(r["diff_p_corrected"], r["diff_p_bound"])
 
 
-def served_rows(records: list[dict[str, Any]], f: Formatter, t: Any, split: str = "all") -> list[dict[str, str]]:
-    served = sorted((r for r in records if r["path"] == "served"), key=lambda r: r["overall_sigma"])
-    fq = {r["build"]: r for r in records if r["path"] == "fakequant"}
+def _fakequant_for(records: list[dict[str, Any]], split: str) -> dict[str, dict[str, Any]]:
+    """Each build's fake-quant record to show beside another path's on ``split``: the same split, else the
+    calibration labs (the seed: served on all 32 observations beside fake quant on the same 32)."""
+    splits = {r["split"] for r in records if r["path"] == "fakequant"}
+    chosen = split if split in splits else "calibration" if "calibration" in splits else next(iter(sorted(splits)), "")
+    return {r["build"]: r for r in records if r["path"] == "fakequant" and r["split"] == chosen}
+
+
+def path_rows(records: list[dict[str, Any]], path: str, split: str, f: Formatter, t: Any) -> list[dict[str, str]]:
+    """The seed's "served results" for one path and split: each build with its difference to the baseline, its
+    gripper changes, its fake-quant figures and both gates; the baseline first."""
+    fq = _fakequant_for(records, split)
     gate = {True: t(_("pass")), False: t(_("fail"))}
     rows = []
-    for r in sorted(served, key=lambda r: (r.get("diff_to_baseline") is not None, r["overall_sigma"])):
+    for r in sorted(_group(records, path, split), key=lambda r: r.get("diff_to_baseline") is not None):
         q = fq.get(r["build"])
         rows.append({
             "build": build_label(r, t), "sigma": _estimate(r["overall_sigma"], r["overall_ci"], f, t),
@@ -293,50 +335,427 @@ def served_rows(records: list[dict[str, Any]], f: Formatter, t: Any, split: str 
     return rows
 
 
-def ranking_tables(records: list[dict[str, Any]], f: Formatter, t: Any) -> list[dict[str, Any]]:
-    tables = []
-    for path, split in sorted({(r["path"], r["split"]) for r in records if r["path"] in ("fakequant", "deployed")}):
-        rows = sorted((r for r in records if (r["path"], r["split"]) == (path, split)),
-                      key=lambda r: r["overall_sigma"])
-        tables.append({
-            "heading": f"{t(PATH_LABELS[path])}, {t(SPLIT_LABELS[split])}",
-            "steps": rows[0]["n_steps"], "headers": diff_headers(rows, t),
-            "rows": [{"rank": str(i), "build": build_label(r, t),
-                      "sigma": _estimate(r["overall_sigma"], r["overall_ci"], f, t), "diff": _diff(r, f, t),
-                      "p": _p(r, f, t), "changes": str(r["gripper_changes"])} for i, r in enumerate(rows, start=1)],
-        })
-    return tables
+def ranking_rows(rows: list[dict[str, Any]], f: Formatter, t: Any) -> list[dict[str, str]]:
+    return [{"rank": str(i), "build": build_label(r, t), "sigma": _estimate(r["overall_sigma"], r["overall_ci"], f, t),
+             "diff": _diff(r, f, t), "p": _p(r, f, t), "changes": str(r["gripper_changes"])}
+            for i, r in enumerate(rows, start=1)]
 
 
-def conclusions(records: list[dict[str, Any]], baseline: str, t: Any) -> list[str]:
-    """Statements that follow from the paired differences: who beats the baseline with a Bonferroni-corrected
-    interval excluding 0 (the builds of one path and split share their observations, so their m and N)."""
-    out = []
-    for path, split in sorted({(r["path"], r["split"]) for r in records}):
-        rows = [r for r in records
-                if (r["path"], r["split"]) == (path, split) and r.get("diff_to_baseline") is not None]
+def attribution_rows(records: list[dict[str, Any]], f: Formatter) -> list[dict[str, str]]:
+    """Where each difference to the baseline comes from, delivered builds first, then by overall error."""
+    shown = sorted((r for r in records if r.get("attribution")), key=lambda r: (not r.get("delivered"),
+                                                                               r["overall_sigma"]))
+    return [{"build": r["title"], "diff": f.num(r["attribution"]["diff"], sign=True),
+             "top": ", ".join(str(o) for o in r["attribution"]["top_observations"]),
+             "without": f.num(r["attribution"]["diff_without_top"], sign=True),
+             "share": f.pct(r["attribution"]["top3_error_share"], 1) if r["attribution"].get("top3_error_share")
+             is not None else "-"} for r in shown]
+
+
+def _excludes_zero(ci: list[float] | None) -> int:
+    """-1: the interval lies below zero, +1: above, 0: it holds zero (or there is none)."""
+    if ci is None:
+        return 0
+    return -1 if ci[1] < 0 else 1 if ci[0] > 0 else 0
+
+
+def _titles(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(str(r["title"]) for r in rows)
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties), through pandas."""
+    import pandas as pd
+
+    return float(pd.Series(a).corr(pd.Series(b), method="spearman"))
+
+
+def conclusions(records: list[dict[str, Any]], baseline: str, f: Formatter, t: Any) -> list[str]:
+    """What the paired differences say, as statements: per family and path whether any build beats the baseline
+    with a Bonferroni-corrected interval excluding zero (the builds of one path and split share their observations,
+    so their m and N), whether fake quant and another path rank the builds alike, how much of each difference two
+    observations carry, and where the exploratory family stands."""
+    out: list[str] = []
+    significant = False
+    for path, split in _groups(records, MEASURED):
+        rows = [r for r in _group(records, path, split, PER_TENSOR) if r.get("diff_to_baseline") is not None]
         if not rows:
             continue
-        where = f"{t(PATH_LABELS[path])}, {t(SPLIT_LABELS[split])}"
+        where = _where(path, split, t)
         if any(r["diff_ci_corrected"] is None for r in rows):
             out.append(t(_("{where}: too few observations to compare the builds with {baseline}."))
                        .format(where=where, baseline=baseline))
             continue
         m = max(r["comparisons"] for r in rows)
-        better = [r["title"] for r in rows if r["diff_ci_corrected"][1] < 0]
-        worse = [r["title"] for r in rows if r["diff_ci_corrected"][0] > 0]
-        if better:
-            out.append(t(_("{where}: lower error than {baseline} with a Bonferroni-corrected 95% CI (m = {m}) "
-                           "excluding zero: {builds}.")).format(where=where, baseline=baseline, m=m,
-                                                                builds=", ".join(better)))
+        better = [r for r in rows if _excludes_zero(r["diff_ci_corrected"]) < 0]
+        significant |= bool(better)
+        text = _("{where}, {family}: lower error than {baseline} with a Bonferroni-corrected 95% CI (m = {m}) "
+                 "excluding zero: {builds}.") if better else \
+            _("{where}, {family}: no build has a lower error than {baseline} with a Bonferroni-corrected 95% CI "
+              "(m = {m}) excluding zero.")
+        out.append(t(text).format(where=where, family=t(FAMILIES[PER_TENSOR]), baseline=baseline, m=m,
+                                  builds=_titles(better)))
+    for path, split in _groups(records, ("served", "deployed")):
+        other = {r["build"]: r for r in _group(records, path, split)}
+        fq = _fakequant_for(records, split)
+        common = [b for b in other if b in fq]
+        if len(common) >= 3:
+            rho = spearman([fq[b]["overall_sigma"] for b in common], [other[b]["overall_sigma"] for b in common])
+            text = _("Fake quant and {where} rank the {n} builds they share in opposite order (Spearman rho = "
+                     "{rho}).") if rho < 0 else _("Fake quant and {where} rank the {n} builds they share alike "
+                                                  "(Spearman rho = {rho}).")
+            out.append(t(text).format(where=_where(path, split, t), n=len(common), rho=f.num(rho, 2)))
+        moved = [r for r in other.values() if r.get("attribution") and r["attribution"]["diff_without_top"] is not None]
+        halved = [r for r in moved if abs(r["attribution"]["diff_without_top"]) < abs(r["attribution"]["diff"]) / 2]
+        if moved and 2 * len(halved) > len(moved):
+            out.append(t(_("On {where}, most of each difference to {baseline} comes from two observations: without "
+                           "them {k} of {n} differences shrink to less than half.")).format(
+                where=_where(path, split, t), baseline=baseline, k=len(halved), n=len(moved)))
+    observations = sorted({r["n_obs"] for r in records if r["path"] in MEASURED})
+    if out and not significant and observations:
+        out.append(t(_("So these observations ({n} per split) cannot rank the builds of NVIDIA's format against each "
+                       "other.")).format(n=", ".join(map(str, observations))))
+    for path, split in _groups(records, ("fakequant",)):
+        explore, nvidia = _group(records, path, split, PER_CHANNEL), _group(records, path, split, PER_TENSOR)
+        if not explore or not nvidia:
+            continue
+        best = explore[0]
+        beats = [r for r in explore if _excludes_zero(r.get("diff_ci_corrected")) < 0]
+        lowest = best["overall_sigma"] < nvidia[0]["overall_sigma"]
+        text = (_("The {family} family has the lowest fake-quant error ({build}, {sigma} sigma) but no difference to "
+                  "{baseline} with a corrected CI excluding zero, and NVIDIA's policy server does not read its "
+                  "format.") if lowest else
+                _("The {family} family does not have a lower fake-quant error than NVIDIA's format (best: {build}, "
+                  "{sigma} sigma), and NVIDIA's policy server does not read its format.")) if not beats else \
+            _("The {family} family: lower error than {baseline} with a corrected CI excluding zero: {builds}; "
+              "NVIDIA's policy server does not read its format.")
+        out.append(t(text).format(family=t(FAMILIES[PER_CHANNEL]), build=best["title"],
+                                  sigma=f.num(best["overall_sigma"]), baseline=baseline, builds=_titles(beats)))
+        break
+    return [f"- {_capital(c)}" for c in out]
+
+
+def _capital(text: str) -> str:
+    """A sentence or heading that starts with a lower-case label ("fake quant, ...") starts with a capital."""
+    return text[:1].upper() + text[1:]
+
+
+def _notes_on_path(records: list[dict[str, Any]], path: str, split: str, baseline: str, f: Formatter,
+                   t: Any) -> list[str]:
+    """Observations that recur in the attribution, how concentrated the baseline's error is, and the differences
+    whose interval excludes zero only before the correction."""
+    rows = _group(records, path, split)
+    notes = []
+    tops = [set(r["attribution"]["top_observations"]) for r in rows if r.get("attribution")]
+    recurring = sorted(set.intersection(*tops)) if len(tops) > 1 else []
+    if recurring:
+        notes.append(t(_("Observation {ids} is among the two that move the difference most for all {n} builds."))
+                     .format(ids=", ".join(map(str, recurring)), n=len(tops)))
+    base = next((r for r in rows if r.get("diff_to_baseline") is None and r.get("top3_error_observations")), None)
+    if base is not None and base.get("top3_error_share") is not None:
+        ids = ", ".join(map(str, base["top3_error_observations"]))
+        text = t(_("{baseline} on this path: its three observations with the most error ({ids}) hold {share} of its "
+                   "squared error.")).format(baseline=baseline, ids=ids, share=f.pct(base["top3_error_share"], 0))
+        fq = _fakequant_for(records, split).get(base["build"])
+        if path != "fakequant" and fq is not None and fq.get("top3_error_observations") and \
+                fq["top3_error_observations"] != base["top3_error_observations"]:
+            text += " " + t(_("With the same checkpoint under fake quant, they are {ids}.")).format(
+                ids=", ".join(map(str, fq["top3_error_observations"])))
+        notes.append(text)
+    for r in rows:
+        if r.get("diff_ci") is not None and _excludes_zero(r["diff_ci"]) != 0 and \
+                _excludes_zero(r.get("diff_ci_corrected")) == 0 and r.get("diff_p_corrected") is not None:
+            notes.append(t(_("{build}: the 95% CI of its difference to {baseline} excludes zero, the Bonferroni-"
+                             "corrected one (m = {m}) does not (p = {p}).")).format(
+                build=r["title"], baseline=baseline, m=r["comparisons"], p=f.p(r["diff_p_corrected"],
+                                                                              r["diff_p_bound"])))
+    return notes
+
+
+def _same_codes_notes(rows: list[dict[str, Any]], provenances: dict[str, dict[str, Any]], f: Formatter,
+                      t: Any) -> list[str]:
+    """Builds whose FP8 codes are byte-equal to another build's (the same sha256 of every code) differ only in their
+    input scales: say so, with how many of those differ (the seed's AutoRound rows)."""
+    notes = []
+    titles = {r["build"]: r["title"] for r in rows}
+    for build in titles:
+        mine = provenances.get(build, {})
+        codes = mine.get("fp8", {}).get("codes_sha256")
+        steps = mine.get("recipe", {}).get("steps", [])
+        twins = [b for b, p in provenances.items() if b != build and codes and p.get("fp8", {}).get("codes_sha256")
+                 == codes and len(p.get("recipe", {}).get("steps", [])) < len(steps)]
+        for twin in twins[:1]:
+            ours, theirs = mine["fp8"].get("input_amax", {}), provenances[twin]["fp8"].get("input_amax", {})
+            differ = sum(ours[k] != theirs.get(k) for k in ours)
+            notes.append(t(_("The FP8 codes of {build} are byte-equal to those of {twin} (all {n} codes); the two "
+                             "differ only in their input scales ({k} of {m} differ), so the gap between their rows "
+                             "is the activation calibration's.")).format(
+                build=titles[build], twin=titles.get(twin, provenances[twin].get("build", twin)),
+                n=format_decimal(mine["fp8"].get("codes", 0), locale=f.lang), k=differ, m=len(ours)))
+    return notes
+
+
+def _worse_notes(rows: list[dict[str, Any]], baseline: str, t: Any) -> list[str]:
+    notes = []
+    worse = [r for r in rows if _excludes_zero(r.get("diff_ci_corrected")) > 0]
+    if worse:
+        notes.append(t(_("Higher error than {baseline} with a Bonferroni-corrected 95% CI (m = {m}) excluding zero: "
+                         "{builds}.")).format(baseline=baseline, m=max(r["comparisons"] for r in worse),
+                                              builds=_titles(worse)))
+    before = [r for r in rows if r.get("diff_ci") is not None and _excludes_zero(r["diff_ci"]) > 0
+              and _excludes_zero(r.get("diff_ci_corrected")) == 0]
+    if before:
+        notes.append(t(_("Higher error than {baseline} only before the correction (the plain 95% CI excludes zero, "
+                         "the one corrected for m = {m} does not): {builds}.")).format(
+            baseline=baseline, m=max(r["comparisons"] for r in before), builds=_titles(before)))
+    return notes
+
+
+PATH_HOW = {
+    "fakequant": _("the FP8 codes dequantized as the weights, each input quantize-dequantized at its scale (ModelOpt "
+                   "fake quantization), BF16 elsewhere"),
+    "deployed": _("the exported build through diffusers: ModelOpt's FP8 GEMM on a GPU (`torch._scaled_mm` with fast "
+                  "accumulation), its exact emulation on a CPU; per-channel builds a row-wise FP8 GEMM"),
+    "served": _("a policy server's results, imported with `release import-served`"),
+}
+PATH_REFERENCE = {"fakequant": _("the BF16 output of the same replay"),
+                  "deployed": _("the BF16 output of the same pipeline and seeds"),
+                  "served": _("the same server's BF16 output")}
+NOT_DELIVERABLE = [
+    _("NVIDIA's policy server reads ModelOpt checkpoints with `apply_modelopt_fp8_checkpoint_inplace`, which takes "
+      "both scales as (1, 1) and installs a per-tensor kernel (`PerTensor()`) only."),
+    _("The scheme exists only in the framework's run-time FP8 (`quantization.method=fp8`, "
+      "`fp8_granularity=per_row`), which quantizes the BF16 weights round-to-nearest when it loads them, so it cannot "
+      "carry a recipe's weights."),
+]
+
+
+def _sweep_order(release: ReleaseConfig, names: set[str]) -> list[str]:
+    ordered = [n for n in release.sweep if n in names]
+    return ordered + sorted(names - set(ordered))
+
+
+def setup_rows(records: list[dict[str, Any]], release: ReleaseConfig, build: BuildConfig, prov: dict[str, Any],
+               resamples: int, baseline: str, f: Formatter, t: Any) -> list[dict[str, str]]:
+    """The seed's "experiment setup" from the data: what was quantized, how, on which data, and how it was scored."""
+    measured = [r for r in records if r["path"] in MEASURED]
+    layers = prov["source"].get("architecture", {}).get("num_hidden_layers", "?")
+    calibration, policy = prov["calibration"], release.policy
+    passes = 2 if policy.guidance > 1 else 1
+    calls = t(_("{calls} transformer calls of the BF16 policy ({obs} observations x {steps} denoising steps x {cfg} "
+                "CFG passes)")).format(calls=calibration["calls"], obs=calibration["observations"], steps=policy.steps,
+                                       cfg=passes) \
+        if calibration["calls"] == calibration["observations"] * policy.steps * passes else \
+        t(_("{calls} transformer calls of the BF16 policy on {obs} observations")).format(
+            calls=calibration["calls"], obs=calibration["observations"])
+    schemes = {scheme_of(r) for r in measured}
+    scheme = t(_("FP8 E4M3 W8A8, weights per tensor, activations per tensor and static (as `nvidia/Cosmos3-Nano@fp8`)"))
+    if PER_CHANNEL in schemes:
+        scheme += "; " + t(_("the exploratory family: weights per output channel, activations per token (dynamic)"))
+    splits = [(s, n) for s in SPLIT_LABELS for n in sorted({r["n_obs"] for r in measured if r["split"] == s})]
+    steps = [r["n_steps"] for r in measured]
+    limit = math.floor(build.gate.gripper_change_rate * steps[0] + 1e-9) if steps else 0
+    compile_ys = next((r for r in records if r["build"] == "yardstick-compile"), None)
+    seed_ys = next((r for r in records if r["build"] == "yardstick-seed"), None)
+    rows = [
+        (_("Quantized"), t(_("{n} Linear layers of the transformer: both towers x {layers} layers x q/k/v/o and "
+                            "gate/up/down; what stays BF16 is in the Scheme table")).format(
+            n=prov["quantized_linears"], layers=layers)),
+        (_("Scheme"), scheme),
+        (_("Export"), t(_("ModelOpt {version} in NVIDIA's diffusers layout")).format(
+            version=prov["versions"]["modelopt"])),
+        (_("Algorithm data"), t(_("{n} transformer calls, one per observation")).format(n=build.algorithm_calls)),
+        (_("Activation calibration"), calls),
+        (_("Algorithm parameters"), t(_("ModelOpt's defaults unless the build says otherwise: every build's "
+                                        "parameters are in its build file, uploaded beside its checkpoint"))),
+        (_("Evaluation observations"), "; ".join(t(_("DROID, {n} observations: {split}")).format(
+            n=n, split=t(SPLIT_LABELS[s])) for s, n in splits)),
+        (_("Error metrics"), t(_("overall: normalised action RMS in units of DROID's per-dimension action sigma; "
+                                 "changes: steps whose binarized gripper (open / closed) differs from BF16"))),
+        (_("Statistics"), t(_("bootstrap over observations, {r} resamples; the differences to {baseline} are paired "
+                              "(the same resamples) and Bonferroni-corrected over the builds of a path and split"))
+         .format(r=format_decimal(resamples, locale=f.lang), baseline=baseline)),
+        (_("Gate"), t(_("overall <= {sigma} sigma, gripper changes <= {rate} (<= {k} / {steps})")).format(
+            sigma=f.num(build.gate.overall_sigma, 2), rate=f.pct(build.gate.gripper_change_rate, 1), k=limit,
+            steps=steps[0] if steps else 0)),
+    ]
+    if compile_ys or seed_ys:
+        sizes = []
+        if compile_ys:
+            sizes.append(t(_("BF16 eager vs torch.compile {x} sigma")).format(x=f.num(compile_ys["overall_sigma"])))
+        if seed_ys:
+            sizes.append(t(_("BF16 with only the noise seed changed {x} sigma")).format(
+                x=f.num(seed_ys["overall_sigma"])))
+        rows.append((_("Yardsticks"), ", ".join(sizes)))
+    return [{"item": t(item), "value": value} for item, value in rows]
+
+
+def paths_rows(records: list[dict[str, Any]], t: Any) -> list[dict[str, str]]:
+    measured = [r for r in records if r["path"] in MEASURED]
+    total = len({r["build"] for r in measured})
+    rows = []
+    for path in MEASURED:
+        n = len({r["build"] for r in measured if r["path"] == path})
+        if n:
+            count = t(_("all {n}")).format(n=n) if n == total else t(_("{n} of {total}")).format(n=n, total=total)
+            rows.append({"path": t(PATH_LABELS[path]), "how": t(PATH_HOW[path]), "reference": t(PATH_REFERENCE[path]),
+                         "builds": count})
+    return rows
+
+
+def decision_rows(records: list[dict[str, Any]], release: ReleaseConfig, baseline: str, f: Formatter,
+                  t: Any) -> list[dict[str, str]]:
+    """The release's decision as the data stand: the delivered builds and their gates, the builds evaluated on more
+    than one path and why they are not delivered, and what would settle the ranking."""
+    measured = [r for r in records if r["path"] in MEASURED]
+    by_build: dict[str, list[dict[str, Any]]] = {}
+    for r in measured:
+        by_build.setdefault(r["build"], []).append(r)
+    delivered = [s.build for s in release.siblings if s.build in by_build]
+    titles = {b: rs[0]["title"] for b, rs in by_build.items()}
+
+    def paths(rows: list[dict[str, Any]]) -> str:
+        return ", ".join(_where(r["path"], r["split"], t) for r in rows)
+
+    passing = [b for b in delivered if all(r["gate"] for r in by_build[b])]
+    out = [{"item": t(_("Delivered")), "content": t(_("{builds}; passing the gate on every evaluated path: {passing}. "
+                                                      "RTN is the NVIDIA-identical reference.")).format(
+        builds=", ".join(titles[b] for b in delivered) or "-",
+        passing=", ".join(titles[b] for b in passing) or t(_("none")))}]
+    for b, rows in by_build.items():
+        if b in delivered or len({r["path"] for r in rows}) < 2:
+            continue
+        failed = [r for r in rows if not r["gate"]]
+        if failed:
+            text = t(_("fails the gate on {paths}")).format(paths=paths(failed))
         else:
-            out.append(t(_("{where}: no build has a lower error than {baseline} with a Bonferroni-corrected 95% CI "
-                           "(m = {m}) excluding zero.")).format(where=where, baseline=baseline, m=m))
-        if worse:
-            out.append(t(_("{where}: higher error than {baseline} with a Bonferroni-corrected 95% CI (m = {m}) "
-                           "excluding zero: {builds}.")).format(where=where, baseline=baseline, m=m,
-                                                                builds=", ".join(worse)))
+            other = next(r for r in rows if r["path"] != "fakequant")
+            rivals = [r for d in delivered for r in by_build[d] if (r["path"], r["split"]) == (other["path"],
+                                                                                             other["split"])]
+            best = min(rivals, key=lambda r: r["overall_sigma"], default=None)
+            if best is not None and other["overall_sigma"] >= best["overall_sigma"]:
+                text = t(_("passes the gate on every evaluated path ({paths}), but its error is not lower than that of "
+                           "{best} ({a} vs {b} sigma, {where}), so it is not added")).format(
+                    paths=paths(rows), best=best["title"], a=f.num(other["overall_sigma"]),
+                    b=f.num(best["overall_sigma"]), where=_where(other["path"], other["split"], t))
+            else:
+                text = t(_("passes the gate on every evaluated path ({paths}) with the lowest error on {where}; "
+                           "not delivered")).format(paths=paths(rows), where=_where(other["path"], other["split"], t))
+        out.append({"item": str(titles[b]), "content": text})
+    heldout = [r for r in measured if r["split"] == "validation"]
+    labs = ", ".join(release.heldout_labs)
+    settle = t(_("The builds were evaluated on held-out labs ({labs}): see those tables.")).format(labs=labs) \
+        if heldout else t(_("Evaluate again on observations from labs that calibration did not use ({labs}): "
+                            "`release eval NAME... --split validation`.")).format(labs=labs)
+    out.append({"item": t(_("To settle the ranking")), "content": settle})
+    return out
+
+
+def constraint_lines(records: list[dict[str, Any]], selection: SelectionDoc | None, t: Any) -> list[str]:
+    measured = [r for r in records if r["path"] in MEASURED]
+    out = []
+    if any(r["split"] == "calibration" for r in measured) or (selection and selection.rule.split == "calibration"):
+        out.append(t(_("The evaluation on the calibration labs is in-sample: the calibration calls, the algorithm "
+                       "data and the selection come from those observations.")))
+    if any(scheme_of(r) == PER_CHANNEL for r in measured):
+        out.append(t(_("The per-channel builds are exploratory: they are not deliverable in the current format "
+                       "(section 3).")))
+    if not any(r["path"] == "served" for r in measured):
+        out.append(t(_("No policy-server results were imported: the deployed rows are diffusers with ModelOpt's FP8 "
+                       "GEMM (or its exact emulation on a CPU), not NVIDIA's policy server.")))
     return [f"- {c}" for c in out]
+
+
+def reproduction(records: list[dict[str, Any]], release: ReleaseConfig, build: BuildConfig,
+                 selection: SelectionDoc | None, langs: list[str]) -> list[str]:
+    """The commands that made these tables, from the records: build, each eval's builds, path and split, import of
+    served results, tables, select, card."""
+    measured = [r for r in records if r["path"] in MEASURED]
+    names = _sweep_order(release, {r["build"] for r in measured})
+    data = "--source SOURCE --observations OBSERVATIONS"
+    lines = [f"release build --all {data}" if release.sweep and set(names) >= set(release.sweep)
+             else f"release build {' '.join(names)} {data}"]
+    yardstick_splits = {r["split"] for r in records if r["path"] == "yardstick"}
+    for path, split in _groups(records, ("fakequant", "deployed")):
+        group = _sweep_order(release, {r["build"] for r in _group(records, path, split)})
+        extra = " --yardsticks" if split in yardstick_splits else ""
+        yardstick_splits.discard(split)
+        lines.append(f"release eval {' '.join(group)} --path {path} --split {split} {data}{extra}")
+    lines += [f"release import-served {b} {b}-served.npz" for b in
+              _sweep_order(release, {r["build"] for r in measured if r["path"] == "served"})]
+    lines += ["release tables", *(["release select"] if selection else []), f"release card --lang {','.join(langs)}"]
+    return lines
+
+
+def path_tables(records: list[dict[str, Any]], baseline: str, first: int, f: Formatter, t: Any
+                ) -> list[dict[str, Any]]:
+    """The seed's section 2 for each served or deployed path and split (numbered from ``first``): the results, where
+    the differences come from, and what recurs."""
+    tables = []
+    for section, (path, split) in enumerate(_groups(records, ("served", "deployed")), start=first):
+        group = _group(records, path, split)
+        tables.append({
+            "heading": f"{section}. {_capital(_where(path, split, t))}",
+            "headers": {k: t(v) for k, v in PATH_HEADERS[path].items() if k != "diff_m"} | diff_headers(group, t, path),
+            "rows": path_rows(records, path, split, f, t),
+            "attribution": attribution_rows(group, f), "notes": _notes_on_path(records, path, split, baseline, f, t)})
+    return tables
+
+
+def fakequant_tables(records: list[dict[str, Any]], baseline: str, provenances: dict[str, dict[str, Any]],
+                     first: int, f: Formatter, t: Any) -> list[dict[str, Any]]:
+    """The seed's section 3 for each fake-quant split (numbered from ``first``): a ranking per family of the sweep,
+    NVIDIA's format first, with what the differences and the builds' codes say."""
+    tables = []
+    for section, (path, split) in enumerate(_groups(records, ("fakequant",)), start=first):
+        families = []
+        for i, scheme in enumerate(s for s in FAMILIES if _group(records, path, split, s)):
+            rows = _group(records, path, split, scheme)
+            families.append({
+                "heading": f"{section}.{i + 1} {t(FAMILIES[scheme])}: " + t(_("{n} builds")).format(n=len(rows)),
+                "steps": rows[0]["n_steps"], "headers": diff_headers(rows, t), "rows": ranking_rows(rows, f, t),
+                "vs": t(_("The differences are to {baseline} in NVIDIA's format (per tensor).")).format(
+                    baseline=baseline) if scheme == PER_CHANNEL else "",
+                "notes": _same_codes_notes(rows, provenances, f, t) + _worse_notes(rows, baseline, t),
+                "reasons": [t(r) for r in NOT_DELIVERABLE] if scheme == PER_CHANNEL else []})
+        tables.append({"heading": f"{section}. {_capital(_where(path, split, t))}", "families": families})
+    return tables
+
+
+def comparison_context(release: ReleaseConfig, build: BuildConfig, prov: dict[str, Any], tables: dict[str, Any],
+                       selection: SelectionDoc | None, provenances: dict[str, dict[str, Any]], langs: list[str],
+                       f: Formatter, t: Any) -> dict[str, Any] | None:
+    """The seed's "algorithm comparison": every build of the sweep in tables.json, by path and family, with the
+    statements the paired differences support; None when tables.json holds this build alone."""
+    records = tables["records"]
+    measured = [r for r in records if r["path"] in MEASURED]
+    if len({r["build"] for r in measured}) < 2:
+        return None
+    baseline = "RTN" if tables.get("baseline", "rtn") == "rtn" else f"`{tables['baseline']}`"
+    date = dt.datetime.fromisoformat(tables["date"]).date() if tables.get("date") else \
+        dt.datetime.fromisoformat(prov["date"]).date()
+    me = next((r for r in measured if r["build"] == build.name), None)
+    paths = path_tables(records, baseline, 2, f, t)
+    fakequant = fakequant_tables(records, baseline, provenances, 2 + len(paths), f, t)
+    section = 1 + len(paths) + len(fakequant)
+    return {
+        "date": f.date(date), "title": build_label(me, t) if me else build.title,
+        "siblings": [{"build": f"{load_build(s.build).title} ({t(_('delivered'))})", "repo": f"{release.org}/{s.repo}"}
+                     for s in release.siblings],
+        "conclusions": conclusions(records, baseline, f, t),
+        "setup": setup_rows(records, release, build, prov, int(tables.get("resamples", 10_000)), baseline, f, t),
+        "paths": paths_rows(records, t), "path_tables": paths, "fakequant_tables": fakequant,
+        "decision_heading": f"{section + 1}. " + t(_("Decision and remaining work")),
+        "decision": decision_rows(records, release, baseline, f, t),
+        "constraints_heading": f"{section + 2}. " + t(_("Constraints")),
+        "constraints": constraint_lines(records, selection, t),
+        "reproduction_heading": f"{section + 3}. " + t(_("Reproduction")),
+        "commands": reproduction(records, release, build, selection, langs),
+        "reproduction_note": t(_("This repository's build file and the release's `release.yaml` are uploaded beside "
+                                 "the checkpoint in `builds/`: with the same source revision (`{revision}`) and "
+                                 "observations, `RELEASE_BUILDS=builds release build {name}` remakes it.")).format(
+            revision=prov["source"]["revision"], name=build.name),
+    }
 
 
 def forest_plot(records: list[dict[str, Any]], gate_sigma: float, lang: str, out: Path) -> None:
@@ -368,10 +787,77 @@ def forest_plot(records: list[dict[str, Any]], gate_sigma: float, lang: str, out
     atomic_write(out, buf.getvalue())
 
 
-def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, all_records: list[dict[str, Any]],
-                 selection: SelectionDoc | None, lang: str, langs: list[str], plot: str) -> dict[str, Any]:
+def recipe_text(build: BuildConfig, t: Any) -> str:
+    """The Scheme table's "Algorithm": each recipe step in words, then the input scales' calibrator."""
+    parts = []
+    calls = build.algorithm_calls
+    for step in build.recipe:
+        if step == "rtn":
+            parts.append(t(_("Round-to-nearest (the recipe of `nvidia/Cosmos3-Nano@fp8`)")))
+        elif step in ("smoothquant", "awq"):
+            section = build.section(step)
+            updown = t(_(" and into `up_proj` for `down_proj`")) if section.fold_up_down else ""
+            if step == "smoothquant":
+                alpha = t(_("alpha searched per layer over 0.0-1.0 in steps of {step}")).format(
+                    step=section.alpha_step) if section.alpha == "auto" else t(_("alpha = {alpha}")).format(
+                    alpha=section.alpha)
+                parts.append(t(_("SmoothQuant ({alpha}), folded into the preceding norms{updown}; data: {calls} "
+                                 "transformer calls")).format(alpha=alpha, calls=calls, updown=updown))
+            else:
+                parts.append(t(_("AWQ (s = mean|x|^alpha, normalised; alpha per layer on a {n}-point grid, by the FP8 "
+                                 "output error), folded into the preceding norms{updown}; data: {calls} transformer "
+                                 "calls")).format(n=section.n_grid, calls=calls, updown=updown))
+        elif step == "gptq":
+            g = build.section(step)
+            parts.append(t(_("ModelOpt's GPTQ (damping {damp}, blocks of {block} columns{layerwise}): the weights "
+                             "updated column by column from each Linear's Hessian on {calls} transformer calls, the "
+                             "scales max-calibrated as round-to-nearest's")).format(
+                damp=g.perc_damp, block=g.block_size, calls=calls,
+                layerwise=t(_(", decoder layer by decoder layer")) if g.layerwise else ""))
+        elif build.section(step).tuning == "none":
+            parts.append(t(_("AutoRound as in the seed: its FP8 codes stay round-to-nearest, because the seed's "
+                             "AutoRound tunes INT, UINT and NVFP4 weights only; what differs is the activation "
+                             "calibration after it, ModelOpt's layer-by-layer max calibration in which each decoder "
+                             "layer sees the already-quantized outputs of the layers before it")))
+        else:
+            parts.append(t(_("AutoRound tuned by the auto-round library ({iters} steps per decoder layer on {calls} "
+                             "transformer calls): the rounding and the clipping of the FP8 weights")).format(
+                iters=build.section(step).iters, calls=calls))
+    observer = {"max": t(_("ModelOpt max calibration")),
+                "moving_average": t(_("moving-average observer (momentum {m})")).format(m=build.calibrator.momentum),
+                "histogram": t(_("ModelOpt histogram calibrator ({p} percentile)")).format(
+                    p=build.calibrator.percentile),
+                "range_shrink": t(_("range-shrink observer ({p} percent of each tail dropped per call, moving "
+                                    "average {m})")).format(p=build.calibrator.shrink_percent,
+                                                            m=build.calibrator.momentum)}[build.calibrator.method]
+    if build.scheme == PER_CHANNEL:
+        observer = t(_("none, activations are quantized per token at run time"))
+    return t(_("{recipe}; input scales: {observer}")).format(recipe=" + ".join(parts), observer=observer)
+
+
+def scheme_rows(build: BuildConfig, prov: dict[str, Any], t: Any) -> dict[str, str]:
+    calibration = prov["calibration"]
+    version = prov["versions"]["modelopt"]
+    if build.scheme == PER_CHANNEL:
+        return {"weights": t(_("FP8 E4M3, one scale per output channel")),
+                "activations": t(_("FP8 E4M3, one scale per token, computed at run time (no calibration)")),
+                "format": t(_("ModelOpt {version} `FP8_PER_CHANNEL_PER_TOKEN` (weights `strategy: channel`), in "
+                              "NVIDIA's layout otherwise; exploratory: NVIDIA's policy server cannot serve it")).format(
+                    version=version)}
+    return {"weights": t(_("FP8 E4M3, one scale per tensor")),
+            "activations": t(_("FP8 E4M3, one static scale per tensor, calibrated on {calls} transformer calls of the "
+                               "BF16 policy on {observations} observations")).format(
+                calls=calibration["calls"], observations=calibration["observations"]),
+            "format": t(_("ModelOpt {version} `FP8` in NVIDIA's layout (`quantization_config`, quantizer buffers and "
+                          "`modelopt_state.pth` as in `nvidia/Cosmos3-Nano@fp8`)")).format(version=version)}
+
+
+def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, tables: dict[str, Any],
+                 selection: SelectionDoc | None, provenances: dict[str, dict[str, Any]], lang: str, langs: list[str],
+                 plot: str) -> dict[str, Any]:
     t = translations(lang).gettext
     f = Formatter(lang)
+    all_records = tables["records"]
     prov = read_json(folder / "provenance.json", "provenance", f"release build {build.name}", PROVENANCE_FIELDS)
     report_path = folder / "verification" / "report.json"
     report = read_json(report_path, "verification report", f"release verify {build.name}", ("checks",))
@@ -383,22 +869,6 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, all_r
     baseline = [r for r in all_records if r["build"] == "rtn" and build.name != "rtn"]
     yardsticks = [r for r in all_records if r["path"] == "yardstick"]
     date = dt.datetime.fromisoformat(prov["date"]).date()
-    sq = build.smoothquant
-    if sq is not None:
-        alpha = t(_("alpha searched per layer over 0.0-1.0 in steps of {step}")).format(step=sq.alpha_step) \
-            if sq.alpha == "auto" else t(_("alpha = {alpha}")).format(alpha=sq.alpha)
-        recipe = t(_("SmoothQuant ({alpha}), folded into the preceding norms{updown}; data: {calls} transformer "
-                     "calls")).format(alpha=alpha, calls=build.algorithm_calls,
-                                      updown=t(_(" and into `up_proj` for `down_proj`")) if sq.fold_up_down else "")
-    else:
-        recipe = t(_("Round-to-nearest (the recipe of `nvidia/Cosmos3-Nano@fp8`)"))
-    observer = {"max": t(_("ModelOpt max calibration")),
-                "moving_average": t(_("moving-average observer (momentum {m})")).format(m=build.calibrator.momentum),
-                "histogram": t(_("ModelOpt histogram calibrator ({p} percentile)")).format(
-                    p=build.calibrator.percentile),
-                "range_shrink": t(_("range-shrink observer ({p} percent of each tail dropped per call, moving "
-                                    "average {m})")).format(p=build.calibrator.shrink_percent,
-                                                            m=build.calibrator.momentum)}[build.calibrator.method]
     passed = [r for r in mine if r["gate"]]
     gate_verdict = t(_("It passes the gate on: {paths}.")).format(
         paths=", ".join(f"{t(PATH_LABELS[r['path']])} ({t(SPLIT_LABELS[r['split']])})" for r in passed)) \
@@ -412,6 +882,9 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, all_r
         caveats.append(t(_("Rows on the held-out labs use observations that calibration never saw.")))
     else:
         caveats.append(t(_("No held-out observations were evaluated; a ranking of builds needs them.")))
+    if not build.deliverable:
+        caveats.append(t(_("This build is exploratory and not deliverable: NVIDIA's policy server cannot serve its "
+                           "scheme.")))
     caveats.append(t(_("The numbers come from the evaluation data named in `provenance.json` and "
                        "`results/`; a different robot setup can behave differently.")))
     siblings = [{"repo_id": f"{release.org}/{s.repo}", "title": load_build(s.build).title,
@@ -419,11 +892,13 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, all_r
     languages_line = " | ".join(
         f"[{code}]({'README.md' if code == langs[0] else f'README.{code}.md'})" for code in langs
     ) if len(langs) > 1 else ""
+    scheme = "ModelOpt W8A8, per-tensor static" if build.scheme == PER_TENSOR else \
+        "ModelOpt W8A8, per-channel weights, per-token activations"
     return {
         "release": release, "prov": prov, "repo_id": f"{release.org}/{build.repo}",
-        "title": f"Cosmos3-Nano-Policy-DROID, {build.title} (ModelOpt W8A8, per-tensor static)",
+        "title": f"Cosmos3-Nano-Policy-DROID, {build.title} ({scheme})",
         "description": build.description, "siblings": siblings, "languages_line": languages_line,
-        "recipe_text": t(_("{recipe}; input scales: {observer}")).format(recipe=recipe, observer=observer),
+        "recipe_text": recipe_text(build, t), "scheme": scheme_rows(build, prov, t),
         "kept": ", ".join(f"`{k}`" for k in build.kept_bf16),
         "built_date": f.date(date), "gate_sigma": f.num(build.gate.overall_sigma, 2),
         "gate_rate": f.pct(build.gate.gripper_change_rate, 1), "gate_verdict": gate_verdict,
@@ -436,15 +911,7 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, all_r
                                           if status == "skipped"),
         "plot": plot, "min_obs": min_observations(),
         "fidelity_rows": fidelity_rows(mine + baseline + yardsticks, f, t),
-        "conclusions": conclusions(all_records, "RTN", t),
-        "served_rows": served_rows(all_records, f, t),
-        "served_headers": diff_headers([r for r in all_records if r["path"] == "served"], t, served=True),
-        "ranking_tables": ranking_tables(all_records, f, t),
-        "attribution_rows": [
-            {"build": r["build"], "path": t(PATH_LABELS[r["path"]]), "diff": f.num(r["diff"], sign=True),
-             "top": ", ".join(str(o) for o in r["top_observations"]), "without": f.num(r["diff_without_top"],
-                                                                                          sign=True),
-             "share": f.pct(r["top3_error_share"], 1)} for r in _attribution(all_records)],
+        "comparison": comparison_context(release, build, prov, tables, selection, provenances, langs, f, t),
         "caveats": caveats,
         "selection": selection_context(selection, build, f, t),
         "h": {k: t(v) for k, v in HEADERS.items()},
@@ -505,13 +972,10 @@ def selection_context(doc: SelectionDoc | None, build: BuildConfig, f: Formatter
     return {"text": text, "verdict": verdict, "rows": rows}
 
 
-def _attribution(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"build": r["title"], "path": r["path"], **r["attribution"]} for r in records if r.get("attribution")]
-
-
-def render_card(release: ReleaseConfig, build: BuildConfig, folder: Path, records: list[dict[str, Any]],
-                selection: SelectionDoc | None, lang: str, langs: list[str]) -> str:
-    context = card_context(release, build, folder, records, selection, lang, langs, f"forest.{lang}.png")
+def render_card(release: ReleaseConfig, build: BuildConfig, folder: Path, tables: dict[str, Any],
+                selection: SelectionDoc | None, provenances: dict[str, dict[str, Any]], lang: str,
+                langs: list[str]) -> str:
+    context = card_context(release, build, folder, tables, selection, provenances, lang, langs, f"forest.{lang}.png")
     env = _environment(translations(lang))
     try:
         body = env.get_template("card.md.j2").render(**context)
@@ -521,35 +985,48 @@ def render_card(release: ReleaseConfig, build: BuildConfig, folder: Path, record
         raise ReleaseError(f"{where}: {exc} (an undefined template variable); fix the template or the data") from exc
     except jinja2.TemplateSyntaxError as exc:
         raise ReleaseError(f"{exc.filename}:{exc.lineno}: template syntax error: {exc.message}") from exc
+    body = re.sub(r"\n{3,}", "\n\n", body)  # the sections' optional parts leave runs of blank lines
     text = f"---\n{card_metadata(release, langs).to_yaml()}\n---\n\n{body}"
     ModelCard(text)  # parses the front matter; raises on invalid YAML
     return text
 
 
-def card_files(request: CardRequest, records: list[dict[str, Any]],
+def sweep_provenances(dist: Path) -> dict[str, dict[str, Any]]:
+    """The provenance.json of every build in ``dist`` (the comparison compares their FP8 codes and input scales)."""
+    out = {}
+    for name in available_builds():
+        path = dist / load_build(name).repo / "provenance.json"
+        if path.is_file():
+            out[name] = read_json(path, "provenance", f"release build {name}")
+    return out
+
+
+def card_files(request: CardRequest, tables: dict[str, Any],
                selection: SelectionDoc | None) -> dict[Path, str | bytes]:
     """Every file the cards add to each build folder (README per language, LICENSE); plots are written apart."""
     files: dict[Path, str | bytes] = {}
+    provenances = sweep_provenances(request.dist)
     for build in request.builds:
         folder = request.dist / build.repo
         if not folder.is_dir():
             raise ReleaseError(f"{folder}: missing; run 'release build {build.name}' first")
         for i, lang in enumerate(request.langs):
             name = "README.md" if i == 0 else f"README.{lang}.md"
-            files[folder / name] = render_card(request.release, build, folder, records, selection, lang,
+            files[folder / name] = render_card(request.release, build, folder, tables, selection, provenances, lang,
                                                request.langs)
         files[folder / "LICENSE"] = LICENSE_TEXT.format(link=request.release.license.link)
     return files
 
 
 def render_cards(request: CardRequest) -> list[Path]:
-    records = read_tables(request.dist / TABLES)
-    files = card_files(request, records, read_selection(request.dist))
+    tables = read_tables_doc(request.dist / TABLES)
+    files = card_files(request, tables, read_selection(request.dist))
     if request.check:
         return sorted(files)
     for build in request.builds:
         for lang in request.langs:
-            forest_plot(records, build.gate.overall_sigma, lang, request.dist / build.repo / f"forest.{lang}.png")
+            forest_plot(tables["records"], build.gate.overall_sigma, lang,
+                        request.dist / build.repo / f"forest.{lang}.png")
     for path, text in files.items():
         atomic_write(path, text)
     return sorted(files)

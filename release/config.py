@@ -156,16 +156,18 @@ class ReleaseConfig(_Strict):
     heldout_labs: list[str] = []
     action_stats: str = Field("action_stats.json", description="per-dimension action sigma, in the observation set")
     selection: Selection | None = None
+    sweep: list[str] = Field([], description="the builds 'release build --all' makes, in the campaign's order "
+                             "(default: every build file)")
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, v: list[str]) -> list[str]:
+        return _unique_build_names(v, "sweep")
 
     @field_validator("org")
     @classmethod
     def _org(cls, v: str) -> str:
         return hub_name(v, "org")
-
-
-class Gate(_Strict):
-    overall_sigma: float = Field(0.13, gt=0)
-    gripper_change_rate: float = Field(0.005, ge=0, le=1)
 
 
 class SmoothQuant(_Strict):
@@ -184,6 +186,46 @@ class SmoothQuant(_Strict):
         raise ValueError(f"alpha must be 'auto' or a number in 0..1, got {v!r}")
 
 
+class Awq(_Strict):
+    """AWQ's activation-aware scales (s = mean|x|^alpha, normalised), alpha on a grid, folded like SmoothQuant."""
+
+    n_grid: int = Field(20, ge=1, le=1000, description="alpha grid: 0, 1/n, ..., (n - 1)/n (AWQ's default 20)")
+    fold_up_down: bool = True
+
+
+class Gptq(_Strict):
+    """ModelOpt's GPTQ (``algorithm: {method: gptq}``) on the scheme's FP8 quantizers."""
+
+    perc_damp: float = Field(0.01, gt=0, le=1, description="damping, a share of the mean Hessian diagonal")
+    block_size: int = Field(128, ge=1, description="columns per GPTQ block")
+    layerwise: bool = Field(False, description="ModelOpt's layer-by-layer calibration: each decoder layer's Hessian "
+                            "from the outputs of the layers before it, already quantized")
+
+
+class AutoRound(_Strict):
+    """AutoRound. ``tuning: none`` reproduces the seed's FP8 builds: its quantizer tuned only INT, UINT and NVFP4
+    weights, so the FP8 codes stay round-to-nearest, and the step's effect is the activation calibration that
+    follows (here: ModelOpt's layer-by-layer max calibration, each layer seeing the quantized outputs of the layers
+    before it). ``tuning: auto-round`` runs the auto-round library's sign-gradient tuning of the rounding and the
+    clipping (the ``autoround`` extra)."""
+
+    tuning: Literal["none", "auto-round"] = "none"
+    iters: int = Field(200, ge=1, description="auto-round: optimisation steps per decoder layer")
+    lr: float | None = Field(None, gt=0, description="auto-round: learning rate (default 1 / iters)")
+
+
+RecipeStep = Literal["rtn", "smoothquant", "awq", "gptq", "autoround"]
+SMOOTHING_STEPS = ("smoothquant", "awq")
+WEIGHT_STEPS = ("gptq", "autoround")
+SECTIONS = {"smoothquant": SmoothQuant, "awq": Awq, "gptq": Gptq, "autoround": AutoRound}
+Scheme = Literal["fp8_w8a8_per_tensor_static", "fp8_per_channel_per_token"]
+
+
+class Gate(_Strict):
+    overall_sigma: float = Field(0.13, gt=0)
+    gripper_change_rate: float = Field(0.005, ge=0, le=1)
+
+
 class Calibrator(_Strict):
     """How the static input scales are calibrated from the calibration calls."""
 
@@ -199,9 +241,14 @@ class BuildConfig(_Strict):
     name: str
     title: str
     repo: str
-    recipe: Literal["rtn", "smoothquant"]
-    scheme: Literal["fp8_w8a8_per_tensor_static"] = "fp8_w8a8_per_tensor_static"
+    recipe: list[RecipeStep] = Field(min_length=1, description="steps in order: at most one smoothing step "
+                                     "(smoothquant, awq), then at most one weight step (gptq, autoround); rtn alone "
+                                     "is ModelOpt's round-to-nearest")
+    scheme: Scheme = "fp8_w8a8_per_tensor_static"
     smoothquant: SmoothQuant | None = None
+    awq: Awq | None = None
+    gptq: Gptq | None = None
+    autoround: AutoRound | None = None
     calibrator: Calibrator = Calibrator()
     arithmetic: Literal["native", "cpu", "cuda"] = Field(
         "native", description="FP8 rounding of the export: the building device's, or CPU's / CUDA's emulated"
@@ -213,6 +260,13 @@ class BuildConfig(_Strict):
     gate: Gate = Gate()
     description: str = ""
     delivered: bool = False
+    deliverable: bool = Field(True, description="false: a build that NVIDIA's policy server cannot serve; "
+                              "'release push' refuses it")
+
+    @field_validator("recipe", mode="before")
+    @classmethod
+    def _one_step(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
 
     @field_validator("repo")
     @classmethod
@@ -229,14 +283,50 @@ class BuildConfig(_Strict):
 
     @model_validator(mode="after")
     def _recipe_parameters(self) -> BuildConfig:
-        if self.recipe == "smoothquant":
-            if self.smoothquant is None:
-                raise ValueError("recipe 'smoothquant' needs a 'smoothquant' section (alpha: auto or 0..1)")
-            if self.algorithm_calls < 1:
-                raise ValueError("recipe 'smoothquant' needs algorithm_calls >= 1")
-        elif self.smoothquant is not None:
-            raise ValueError(f"'smoothquant' section given for recipe {self.recipe!r}; remove it")
+        steps = self.recipe
+        if len(set(steps)) != len(steps):
+            raise ValueError("a recipe step is listed twice in 'recipe'; list each once")
+        if "rtn" in steps and len(steps) > 1:
+            raise ValueError("'rtn' is the recipe without steps; remove it or the other steps")
+        smoothing = [s for s in steps if s in SMOOTHING_STEPS]
+        weights = [s for s in steps if s in WEIGHT_STEPS]
+        if len(smoothing) > 1 or len(weights) > 1:
+            raise ValueError("a recipe takes at most one smoothing step (smoothquant, awq) and one weight step "
+                             "(gptq, autoround)")
+        if smoothing and weights and steps.index(smoothing[0]) > steps.index(weights[0]):
+            raise ValueError(f"'{smoothing[0]}' must come before '{weights[0]}' in 'recipe' (smoothing is folded "
+                             "into the weights the weight step quantizes)")
+        for section in SECTIONS:
+            if getattr(self, section) is not None and section not in steps:
+                raise ValueError(f"'{section}' section given, but 'recipe' has no step {section!r}; remove it")
+        if self.needs_algorithm_data and self.algorithm_calls < 1:
+            raise ValueError(f"recipe {'+'.join(steps)!r} needs algorithm_calls >= 1")
+        if self.layerwise and self.calibrator.method != "max":
+            raise ValueError(f"calibrator '{self.calibrator.method}' cannot follow layer-by-layer calibration "
+                             f"({'+'.join(steps)}); use method 'max'")
+        if self.scheme == "fp8_per_channel_per_token" and self.calibrator.method != "max":
+            raise ValueError("scheme 'fp8_per_channel_per_token' quantizes activations per token at run time: "
+                             "there are no static input scales to calibrate; use calibrator method 'max'")
+        if self.delivered and not self.deliverable:
+            raise ValueError("'delivered: true' with 'deliverable: false'; a build that cannot be served cannot be "
+                             "one of the release's repos")
         return self
+
+    def section(self, step: str) -> Any:
+        """The parameters of recipe step ``step``: its section, or the section's defaults."""
+        return getattr(self, step) or SECTIONS[step]()
+
+    @property
+    def needs_algorithm_data(self) -> bool:
+        """Whether a step reads the algorithm calls (smoothing statistics, GPTQ's Hessians, AutoRound's tuning)."""
+        return any(s in ("smoothquant", "awq", "gptq") for s in self.recipe) or (
+            "autoround" in self.recipe and self.section("autoround").tuning != "none")
+
+    @property
+    def layerwise(self) -> bool:
+        """Whether ModelOpt calibrates layer by layer (GPTQ's option; the seed-faithful AutoRound's calibration)."""
+        return ("gptq" in self.recipe and self.section("gptq").layerwise) or (
+            "autoround" in self.recipe and self.section("autoround").tuning == "none")
 
     def digest(self) -> str:
         """Stable hash of the validated build configuration (recorded in provenance)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import types
 from collections import Counter
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from release import ReleaseError, __version__
+from release import ReleaseError, __version__, fp8
 from release.config import BuildConfig, PolicySettings, ReleaseConfig, load_build, load_release
 from release.io import atomic_write, read_json
 from release.observations import Observation, action_sigma, load_observations
@@ -33,7 +32,7 @@ Split = Literal["calibration", "validation", "all"]
 RESULTS = "results"
 YARDSTICKS = "yardsticks"
 SEEDS_YARDSTICK = (4, 4)  # observations x seeds
-EMULATION = "fp8-gemm-emulation/3"  # fp32 input quotient; Hopper's fast-accumulation arithmetic
+EMULATION = "fp8-gemm-emulation/4"  # fp32 input quotient; Hopper's fast-accumulation arithmetic; row-wise
 
 
 @dataclass(frozen=True)
@@ -81,103 +80,37 @@ def select(observations: list[Observation], release: ReleaseConfig, split: str) 
     return chosen
 
 
-def _fp8_exponents(codes: torch.Tensor) -> torch.Tensor:
-    """The E4M3 exponent each code's significand is aligned with (subnormals and zero: -6), as int32."""
-    field = (codes.view(torch.uint8).to(torch.int32) >> 3) & 0xF
-    return field.clamp(min=1) - 7
-
-
-def _exponent(x: torch.Tensor) -> torch.Tensor:
-    """floor(log2 |x|) of normal fp32 values from their bits (zero: -127)."""
-    return ((x.view(torch.int32) >> 23) & 0xFF) - 127
-
-
-def _pow2(n: torch.Tensor) -> torch.Tensor:
-    """2 ** n as fp32, built from its bits so that it is exact on every device (n in [-126, 127])."""
-    return ((n + 127) << 23).view(torch.float32)
-
-
-def hopper_fp8_accumulate(a: torch.Tensor, b: torch.Tensor, max_elements: int = 1 << 22) -> torch.Tensor:
-    """``a @ b.T`` for FP8 E4M3 codes a [M, K] and b [N, K] as an H100/H200 FP8 tensor core with fast accumulation
-    computes it (what ``torch._scaled_mm(..., use_fast_accum=True)`` returns at unit scales), as fp32.
-
-    Model, fitted to and checked against the H200 bit for bit (``bench/gpu_accum_record.py``, ``BENCHMARKS.md``):
-    K is taken 32 at a time (one ``wgmma`` k-step) in order. Each step aligns its 32 exact products and the running
-    accumulator to the largest of the products' exponent sums and the accumulator's exponent, truncates every term
-    toward zero at 13 bits below that exponent, adds them exactly, and truncates the sum toward zero to 13 bits
-    after its leading bit. Every operation here is exact in fp32, so a CPU and a GPU give the same bits. cuBLAS may
-    split a long K across thread blocks (it did for 64 x 12288 x 256); that reduction is not modelled.
-    """
-    m, k = a.shape
-    out = torch.zeros(m, b.shape[0], dtype=torch.float32, device=a.device)
-    af, bf = a.float(), b.float()
-    ea, eb = _fp8_exponents(a), _fp8_exponents(b)
-    chunk = max(1, max_elements // (32 * b.shape[0]))  # rows per pass: bounds the [rows, N, 32] products in memory
-    for r0 in range(0, m, chunk):
-        rows = slice(r0, r0 + chunk)
-        acc = out[rows]
-        for k0 in range(0, k, 32):
-            cols = slice(k0, k0 + 32)
-            products = af[rows, None, cols] * bf[None, :, cols]  # exact: 4-bit x 4-bit significands
-            top = torch.maximum((ea[rows, None, cols] + eb[None, :, cols]).amax(-1), _exponent(acc))
-            unit = _pow2(13 - top)  # terms in units of 2^(top - 13), then truncated: exact integers below 2^21
-            total = (products * unit[..., None]).trunc().sum(-1) + (acc * unit).trunc()
-            lead = torch.where(total == 0, 0, _exponent(total))
-            total = (total * _pow2(13 - lead)).trunc() * _pow2(lead - 13)
-            acc = total * _pow2(top - 13)
-        out[rows] = acc
-    return out
-
-
-def emulated_fp8_gemm(codes: torch.Tensor, weight: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                      bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """``torch._scaled_mm(codes, weight.T, scale_a, scale_b, bias, out_dtype=dtype, use_fast_accum=True)`` on an
-    H100/H200: the codes accumulated as its tensor cores do, then cuBLAS's epilogue (times scale_a * scale_b, plus
-    the bias, in fp32), rounded once to ``dtype``."""
-    out = hopper_fp8_accumulate(codes, weight) * (scale_a * scale_b)
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(dtype)
-
-
-def emulated_fp8_forward(self: Any, input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """ModelOpt's FP8 per-tensor GEMM (``fp8_per_tensor_gemm``) in exact arithmetic that runs anywhere.
-
-    scale_a = amax_in / 448 and scale_b = amax_w / 448 in fp32; the input is divided by scale_a in fp32 (ModelOpt's
-    ``torch.compile``d ``_to_fp8`` does not round the quotient to bf16), clamped and cast to FP8, then multiplied
-    as ``torch._scaled_mm`` with fast accumulation does on Hopper (``emulated_fp8_gemm``).
-    """
-    reciprocal = torch.tensor(1.0 / 448.0, dtype=torch.float32, device=input.device)
-    scale_a = self.input_quantizer.amax.float() * reciprocal
-    scale_b = self.weight_quantizer.amax.float() * reciprocal
-    codes = (input.float() / scale_a).clamp(-448, 448).to(torch.float8_e4m3fn)
-    out = emulated_fp8_gemm(codes.reshape(-1, codes.shape[-1]), self.weight.data, scale_a, scale_b, self.bias,
-                            input.dtype)
-    return out.reshape(*input.shape[:-1], out.shape[-1])
-
-
 def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.Module:
-    """The exported build through diffusers. Its FP8 Linears run ModelOpt's FP8 GEMM on CUDA, or its arithmetic
-    emulated (``emulate``: by default where models run on the CPU; on a GPU, to show the two equal)."""
-    from release.export import load_build_transformer, quantized_linears
+    """The exported build through diffusers, its FP8 Linears running the kernel a server runs: per-tensor builds
+    ModelOpt's FP8 GEMM on CUDA (``torch._scaled_mm`` with fast accumulation), per-channel builds a row-wise
+    ``torch._scaled_mm`` with per-token input scales; or that arithmetic emulated exactly (``release.fp8``), by
+    default where models run on the CPU (on a GPU, to show the two equal)."""
+    from release.export import load_build_transformer
     from release.policy import compute_device
+    from release.recipes import per_channel, quantized_linears
 
     model = load_build_transformer(folder)
     if emulate is None:
         emulate = compute_device() != "cuda"
-    if emulate:
-        for name in quantized_linears(model):
-            module = model.get_submodule(name)
-            module.forward = types.MethodType(emulated_fp8_forward, module)
-    else:
+    rowwise = read_json(folder / "provenance.json", "provenance", "release build").get("recipe", {}).get(
+        "scheme") == per_channel.SCHEME
+    for name in quantized_linears(model):
+        module = model.get_submodule(name)
+        if rowwise:
+            module.forward = types.MethodType(functools.partial(fp8.rowwise_forward, emulate=emulate), module)
+        elif emulate:
+            module.forward = types.MethodType(fp8.per_tensor_forward, module)
+    if not (emulate or rowwise):
         # ModelOpt 0.47 never imports its FP8 GEMM backend; importing it registers the kernel before the first call.
         import modelopt.torch.quantization.backends.fp8_per_tensor_gemm  # noqa: F401
     return model
 
 
 def fakequant_transformer(source: Path, folder: Path, build: BuildConfig) -> torch.nn.Module:
-    """The BF16 source (with the build's smoothing folded in) under ModelOpt fake quantization at the build's
-    weight and input scales: the seed's offline-replay path."""
+    """The seed's offline replay: the build's own tensors (folded norms included), its FP8 weights dequantized
+    (codes x scale, so a GPTQ or tuned build is replayed with its own codes), under ModelOpt fake quantization at
+    the build's scales: the weights re-quantize to the same codes, the inputs are quantized per tensor at the
+    build's static scales or per token (the per-channel scheme)."""
     import contextlib
     import io
     import warnings
@@ -186,23 +119,27 @@ def fakequant_transformer(source: Path, folder: Path, build: BuildConfig) -> tor
     from diffusers import Cosmos3OmniTransformer
     from safetensors.torch import load_file
 
-    from release.export import quant_config, quantized_linears
-    from release.verify import expected_weights
+    from release.recipes import quant_config, quantized_linears
 
     model = Cosmos3OmniTransformer.from_pretrained(str(source / "transformer"), dtype=torch.bfloat16).eval()
-    provenance = json.loads((folder / "provenance.json").read_text())
-    src = {k: v for k, v in model.state_dict().items()}
-    model.load_state_dict(expected_weights(src, folder, provenance))
     built: dict[str, torch.Tensor] = {}
     for shard in sorted((folder / "transformer").glob("*.safetensors")):
         built.update(load_file(shard))
+    state = model.state_dict()
+    for key in state:
+        value = built[key]
+        if value.dtype == torch.float8_e4m3fn:
+            value = fp8.dequantize(value, built[f"{key.removesuffix('.weight')}.weight_quantizer._scale"])
+        state[key] = value.to(state[key].dtype)
+    model.load_state_dict(state)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         mtq.quantize(model, quant_config(build), forward_loop=None)
     for name in quantized_linears(model):
         module: Any = model.get_submodule(name)
         module.weight_quantizer.amax = built[f"{name}.weight_quantizer._amax"]
-        module.input_quantizer.amax = built[f"{name}.input_quantizer._amax"]
+        if f"{name}.input_quantizer._amax" in built:
+            module.input_quantizer.amax = built[f"{name}.input_quantizer._amax"]
     return model
 
 

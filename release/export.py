@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fnmatch
+import hashlib
 import io
 import json
 import shutil
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,113 +27,17 @@ import torch
 import release.policy  # noqa: F401  (sets diffusers up without progress bars)
 from release import ReleaseError
 from release.config import BuildConfig
+from release.fp8 import FP8_MAX, weight_codes
 from release.io import write_json
+from release.recipes import Quantized, per_channel, quant_config, quantized_linears
+from release.recipes.base import module_weight
+from release.source import SourceModel
 
-FP8_E4M3 = {"num_bits": (4, 3), "axis": None}  # FP8_DEFAULT_CFG's per-tensor weight and input quantizers
-FP8_MAX = 448.0
 TRANSFORMER_INDEX = "diffusion_pytorch_model.safetensors.index.json"
-# Tensors only vLLM / TensorRT-LLM read; diffusers would warn that they are unused.
 SMOOTHING_SIDECAR = "smoothing_scales.safetensors"  # per-channel s of each group: W_fp8 * scale / s ~ W_source
+BUILD_FILES = "builds"  # the build file and release.yaml the build was made from, beside the checkpoint
+# Tensors only vLLM / TensorRT-LLM read; diffusers would warn that they are unused.
 SERVING_ONLY = [r"\.weight_scale$", r"\.input_scale$"]
-
-
-def quant_config(build: BuildConfig) -> dict[str, Any]:
-    """ModelOpt 0.47 list-form config: every quantizer off, then the build's Linears on (W8A8 per-tensor static)."""
-    entries: list[dict[str, Any]] = [{"quantizer_name": "*", "enable": False}]
-    for pattern in build.quantized:
-        for quantizer in ("weight_quantizer", "input_quantizer"):
-            entries.append({"quantizer_name": f"*{pattern}.{quantizer}", "cfg": dict(FP8_E4M3)})
-    # ModelOpt's max calibration always runs: it sets the weight amax; other observers replace the input amax after.
-    return {"quant_cfg": entries, "algorithm": "max"}
-
-
-def quantized_linears(model: torch.nn.Module) -> list[str]:
-    """Linears whose ModelOpt weight quantizer is enabled."""
-    return [name for name, module in model.named_modules()
-            if getattr(getattr(module, "weight_quantizer", None), "is_enabled", False)]
-
-
-def quantized_linears_of(model: torch.nn.Module, build: BuildConfig) -> list[str]:
-    """Linears of the (not yet quantized) model that the build's patterns select."""
-    return [name for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear) and any(fnmatch.fnmatchcase(name, p) for p in build.quantized)]
-
-
-def check_finite(model: torch.nn.Module, source: Path) -> None:
-    """A corrupt source fails here, naming the tensor, before a rollout or calibration turns NaN into noise."""
-    for name, param in model.named_parameters():
-        if not torch.isfinite(param).all():
-            raise ReleaseError(f"{source}/transformer: tensor {name} holds NaN or Inf; the source is corrupt")
-
-
-@dataclass
-class Quantized:
-    """A fake-quantized, calibrated transformer and what the recipe decided on the way."""
-
-    model: torch.nn.Module
-    alpha_table: list[dict[str, Any]] = field(default_factory=list)
-    smoothing_scales: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def quantize(source: Path, build: BuildConfig, calls: list[dict[str, Any]],
-             algorithm_calls: list[dict[str, Any]]) -> Quantized:
-    """The source transformer, smoothed if the recipe says so, fake-quantized by ModelOpt, calibrated on ``calls``."""
-    import modelopt.torch.quantization as mtq
-    from diffusers import Cosmos3OmniTransformer
-
-    from release.policy import compute_device, map_tensors
-    from release.recipes import Observer, input_hooks, smooth
-
-    device = compute_device()
-    model = Cosmos3OmniTransformer.from_pretrained(str(source / "transformer"), dtype=torch.bfloat16).eval()
-    model.to(device)
-    check_finite(model, source)
-    calls, algorithm_calls = ([map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm_calls))
-    result = Quantized(model)
-    if build.recipe == "smoothquant":
-        result.alpha_table, result.smoothing_scales = smooth(model, build, algorithm_calls)
-    names = quantized_linears_of(model, build)
-    if not names:
-        raise ReleaseError(f"builds/{build.name}.yaml: field 'quantized': no Linear matches the patterns")
-    observer = Observer(build.calibrator, names)
-
-    @torch.no_grad()
-    def forward_loop(m: torch.nn.Module) -> None:
-        with input_hooks(m, names, observer.record):
-            for index, call in enumerate(calls):
-                observer.call = index
-                m(**call)
-
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):  # ModelOpt prints its progress
-        warnings.simplefilter("ignore")
-        mtq.quantize(model, quant_config(build), forward_loop=forward_loop)
-    for name, amax in observer.amax().items():
-        quantizer: Any = model.get_submodule(name).input_quantizer
-        quantizer.amax = amax.to(quantizer.amax.dtype)
-    return result
-
-
-def fp8_weight_codes(weight: torch.Tensor, amax: torch.Tensor, arithmetic: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """FP8 codes and scale of one weight, as ModelOpt's compress (``w / (amax / 448)``) makes them on a CPU or CUDA.
-
-    Measured on an H200 (``bench/gpu_rounding_probe.py``): CUDA divides by a Python scalar as a multiplication by
-    fp32(1/448), and casts the 0-dim scale to the weight's dtype before the division; the CPU keeps the scale in the
-    amax dtype. With a bf16 amax (ModelOpt 0.47 on a bf16 model) both give the same codes; with an fp32 amax
-    (as ModelOpt 0.44 keeps it) about 3% of the codes differ.
-    """
-    weight, amax = weight.cpu(), amax.cpu()
-    if arithmetic == "cuda":
-        scale = (amax.float() * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32)).to(amax.dtype)
-        codes = (weight.float() / scale.to(weight.dtype).float()).to(weight.dtype).to(torch.float8_e4m3fn)
-    else:
-        scale = amax / FP8_MAX
-        codes = (weight / scale).to(torch.float8_e4m3fn)
-    return codes, scale
-
-
-def module_weight(model: torch.nn.Module, name: str) -> torch.Tensor:
-    weight: torch.Tensor = model.get_submodule(name).weight  # type: ignore[assignment]
-    return weight
 
 
 def _shard_size(source_transformer: Path) -> int:
@@ -143,8 +46,12 @@ def _shard_size(source_transformer: Path) -> int:
 
 
 def nvidia_quantization_config(model: torch.nn.Module, build: BuildConfig) -> dict[str, Any]:
+    """``quantization_config`` of ``transformer/config.json``: ModelOpt's own conversion of its export config
+    (``convert_hf_quant_config_format``: ``quant_algo``, ``config_groups``, ``ignore``, ``producer``), the fields
+    diffusers' ``NVIDIAModelOptConfig`` reads (``quant_type``, ``modelopt_config``) and the step policy."""
     import modelopt
     from diffusers.pipelines.cosmos.mixed_precision import FIRST_LAST_N_FP8_POLICY
+    from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
 
     quantized = set(quantized_linears(model))
     ignore = []
@@ -153,35 +60,61 @@ def nvidia_quantization_config(model: torch.nn.Module, build: BuildConfig) -> di
             top = name.split(".")[0] if name.startswith("action_proj_") else name
             if top not in ignore:
                 ignore.append(top)
+    per_tensor = build.scheme != per_channel.SCHEME
+    config = convert_hf_quant_config_format({
+        "producer": {"name": "modelopt", "version": modelopt.__version__},
+        "quantization": {"quant_algo": "FP8" if per_tensor else per_channel.QUANT_ALGO, "exclude_modules": ignore},
+    })
+    if not per_tensor:
+        config["config_groups"] = per_channel.config_groups()
     return {
-        # read by diffusers' NVIDIAModelOptConfig (it fails without modelopt_config)
-        "quant_method": "modelopt",
+        **config,
         "quant_type": "FP8_FP8",
         "modelopt_config": json.loads(json.dumps(quant_config(build))),
-        # NVIDIA's fields, as ModelOpt's convert_hf_quant_config_format writes them for FP8
-        "quant_algo": "FP8",
-        "config_groups": {"group_0": {
-            "input_activations": {"dynamic": False, "num_bits": 8, "type": "float"},
-            "weights": {"dynamic": False, "num_bits": 8, "type": "float"},
-            "targets": ["Linear"],
-        }},
-        "ignore": ignore,
-        "producer": {"name": "modelopt", "version": modelopt.__version__},
         "runtime": {"diffusion_step_policy": copy.deepcopy(FIRST_LAST_N_FP8_POLICY)},
     }
 
 
-def export_build(quantized: Quantized, build: BuildConfig, source: Path, out: Path) -> int:
-    """Write the build folder ``out``: the quantized transformer in NVIDIA's layout and the source's other parts.
+def _export_model(quantized: Quantized, build: BuildConfig, source: SourceModel, call: dict[str, Any]) -> Any:
+    """A fresh source model holding the recipe's weights (folded norms, its own Linear weights) and scales,
+    quantized with the plain configuration of the build's scheme: whatever algorithm made the weights (GPTQ,
+    layer-by-layer calibration), the checkpoint then carries NVIDIA's structure, ``quantization_config`` and
+    ModelOpt state (one transformer call initialises the quantizers; their amax values are then replaced)."""
+    import modelopt.torch.quantization as mtq
 
-    The model is compressed in place (its weights become FP8 codes). Returns the number of quantized Linears.
+    recipe = quantized.model
+    device = next(recipe.parameters()).device.type
+    modules: dict[str, Any] = {n: recipe.get_submodule(n) for n in quantized_linears(recipe)}
+    amax = {n: (m.weight_quantizer.amax, getattr(m.input_quantizer, "_amax", None)) for n, m in modules.items()}
+    model = source.instantiate(device)
+    weights = recipe.state_dict()
+    model.load_state_dict({k: weights[k] for k in model.state_dict()}, strict=True)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+        warnings.simplefilter("ignore")
+        mtq.quantize(model, quant_config(build), forward_loop=lambda m: m(**call))
+    for name, (weight_amax, input_amax) in amax.items():
+        module: Any = model.get_submodule(name)
+        module.weight_quantizer.amax = weight_amax.detach().clone()
+        if input_amax is not None:
+            module.input_quantizer.amax = input_amax.detach().clone()
+    return model
+
+
+def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, call: dict[str, Any], out: Path,
+                 build_files: dict[str, bytes]) -> dict[str, Any]:
+    """Write the build folder ``out``: the quantized transformer in NVIDIA's layout (or the per-channel scheme's),
+    the source's other parts and ``build_files`` (the build file and release.yaml, under ``builds/``).
+
+    Returns what provenance.json records of the export: the number of quantized Linears, the sha256 of all FP8
+    codes (in tensor-name order: two builds with the same digest have byte-equal codes) and every static input
+    amax (so that the card can say how two builds' activation calibrations differ).
     """
     import modelopt.torch.opt as mto
     import modelopt.torch.quantization as mtq
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
-    model = quantized.model
+    model = _export_model(quantized, build, source, call)
     qconfig = nvidia_quantization_config(model, build)
     names = quantized_linears(model)
     device = next(model.parameters()).device.type
@@ -196,13 +129,18 @@ def export_build(quantized: Quantized, build: BuildConfig, source: Path, out: Pa
         if state[f"{name}.weight"].dtype != torch.float8_e4m3fn:
             raise ReleaseError(f"tensor {name}.weight was not compressed to FP8 by ModelOpt")
         if emulate:
-            codes, scale = fp8_weight_codes(bf16_weights[name], module.weight_quantizer._amax, build.arithmetic)
+            codes, scale = weight_codes(bf16_weights[name], module.weight_quantizer._amax, build.arithmetic)
             state[f"{name}.weight"], state[f"{name}.weight_quantizer._scale"] = codes, scale
-        state[f"{name}.weight_scale"] = (module.weight_quantizer._amax.float().cpu() / FP8_MAX).reshape(())
-        state[f"{name}.input_scale"] = (module.input_quantizer._amax.float().cpu() / FP8_MAX).reshape(())
+        weight_amax = module.weight_quantizer._amax.float().cpu()
+        state[f"{name}.weight_scale"] = weight_amax / FP8_MAX if build.scheme == per_channel.SCHEME \
+            else (weight_amax / FP8_MAX).reshape(())
+        if build.scheme != per_channel.SCHEME:  # per token: the input scales are computed at run time
+            state[f"{name}.input_scale"] = (module.input_quantizer._amax.float().cpu() / FP8_MAX).reshape(())
         for key in (f"{name}.weight_scale", f"{name}.input_scale"):
-            if not (torch.isfinite(state[key]) and state[key] > 0):
-                raise ReleaseError(f"tensor {key} is {state[key].item()}; calibration saw no finite, non-zero data")
+            bad = state[key][~(torch.isfinite(state[key]) & (state[key] > 0))] if key in state else None
+            if bad is not None and bad.numel():
+                raise ReleaseError(f"tensor {key} holds {bad.reshape(-1)[0].item()}; calibration saw no finite, "
+                                   "non-zero data")
     if quantized.smoothing_scales:
         save_file({k: v.float().cpu().contiguous() for k, v in sorted(quantized.smoothing_scales.items())},
                   str(out / SMOOTHING_SIDECAR), metadata={"format": "pt"})
@@ -211,26 +149,35 @@ def export_build(quantized: Quantized, build: BuildConfig, source: Path, out: Pa
     tdir.mkdir(parents=True)
     split = split_torch_state_dict_into_shards(
         state, filename_pattern="diffusion_pytorch_model{suffix}.safetensors",
-        max_shard_size=_shard_size(source / "transformer"),
+        max_shard_size=_shard_size(source.folder / "transformer"),
     )
     for filename, keys in split.filename_to_tensors.items():
         save_file({k: state[k] for k in sorted(keys)}, str(tdir / filename), metadata={"format": "pt"})
     total = sum(t.numel() * t.element_size() for t in state.values())
     write_json(tdir / TRANSFORMER_INDEX,
                {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))})
-    config = json.loads((source / "transformer" / "config.json").read_text())
+    config = json.loads((source.folder / "transformer" / "config.json").read_text())
     write_json(tdir / "config.json", {**config, "quantization_config": qconfig})
     write_json(out / "hf_quant_config.json", {k: v for k, v in qconfig.items() if k != "runtime"})
     modelopt_state = canonical_modelopt_state(mto.modelopt_state(model))
     torch.save(modelopt_state, tdir / "modelopt_state.pth")
     torch.save(modelopt_state, out / "modelopt_state.pth")
 
-    _copy_components(source, out)
+    _copy_components(source.folder, out)
+    for rel, data in build_files.items():
+        (out / BUILD_FILES).mkdir(exist_ok=True)
+        (out / BUILD_FILES / rel).write_bytes(data)
     write_json(out / "model.safetensors.index.json", {
         "metadata": {"total_size": total},
         "weight_map": {k: f"transformer/{v}" for k, v in sorted(split.tensor_to_filename.items())},
     })
-    return len(names)
+    digest = hashlib.sha256()
+    for name in sorted(names):
+        digest.update(state[f"{name}.weight"].view(torch.uint8).numpy().tobytes())
+    return {"quantized_linears": len(names), "codes_sha256": digest.hexdigest(),
+            "codes": sum(state[f"{n}.weight"].numel() for n in names),
+            "input_amax": {n: float(state[f"{n}.input_quantizer._amax"]) for n in sorted(names)
+                           if f"{n}.input_quantizer._amax" in state}}
 
 
 def canonical_modelopt_state(state: dict[str, Any]) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from release import GateError, ReleaseError, __version__
-from release.config import BuildConfig, ReleaseConfig, hub_name, load_build, load_release
+from release.config import BuildConfig, ReleaseConfig, builds_dir, hub_name, load_build, load_release
 from release.io import atomic_dir, exclusive_lock, write_json
 from release.verify import REPORT_JSON, Report, after_verification, build_files, gate, load_report
 
@@ -83,6 +83,11 @@ class PushRequest:
         builds = [load_build(n) for n in wanted]
         if force is not None and not force.strip():
             raise ReleaseError("--force needs a reason (it goes into the commit message)")
+        undeliverable = next((b for b in builds if not b.deliverable), None)
+        if undeliverable is not None:  # not even with --force: such a repo could only mislead a server
+            raise GateError(f"push refused: {builds_dir() / f'{undeliverable.name}.yaml'} marks "
+                            f"{undeliverable.name!r} 'deliverable: false' (a scheme NVIDIA's policy server cannot "
+                            "serve); it is evaluated and documented, not published")
         reports = {}
         for b in builds:
             folder = dist / b.repo
@@ -434,7 +439,7 @@ def plan_repo(remote: HubRemote | FolderRemote, build: BuildConfig, folder: Path
     except (ValueError, KeyError, TypeError) as exc:
         raise ReleaseError(f"{prov}: no source revision ({type(exc).__name__}); rerun 'release build "
                            f"{build.name}'") from exc
-    plan.commit_message = f"release {__version__}: {build.name} ({build.recipe}, {build.calibrator.method})" \
+    plan.commit_message = f"release {__version__}: {build.name} ({'+'.join(build.recipe)}, {build.calibrator.method})" \
         f" from {str(revision)[:12]}"
     if force:
         plan.commit_message += f" [forced past verification: {force}]"

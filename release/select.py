@@ -92,14 +92,21 @@ class SelectionDoc(_Doc):
     chosen: list[str]
 
 
-def read_tables(path: Path) -> list[dict[str, Any]]:
-    """The records of ``tables.json`` (``release tables``): a missing or damaged file is a one-line error naming it
-    and the command that rewrites it."""
-    records = read_json(path, "fidelity tables", "release tables", ("records",))["records"]
+def read_tables_doc(path: Path) -> dict[str, Any]:
+    """``tables.json`` (``release tables``): its records, baseline, resamples and date. A missing or damaged file is
+    a one-line error naming it and the command that rewrites it."""
+    doc = read_json(path, "fidelity tables", "release tables", ("records",))
+    records = doc["records"]
     if not isinstance(records, list) or not all(isinstance(r, dict) and {"build", "path", "split"} <= r.keys()
                                                 for r in records):
         raise ReleaseError(f"{path}: field 'records' must be a list of records with 'build', 'path' and 'split'; "
                            "run 'release tables' to rewrite it")
+    return doc
+
+
+def read_tables(path: Path) -> list[dict[str, Any]]:
+    """The records of ``tables.json``."""
+    records: list[dict[str, Any]] = read_tables_doc(path)["records"]
     return records
 
 

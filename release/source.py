@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from release import ReleaseError
 from release.config import SOURCE_ENV, ReleaseConfig
@@ -105,3 +106,30 @@ def check_architecture(source: Path) -> dict[str, object]:
     if extra:
         raise ReleaseError(f"{source}/transformer/{found[extra[0]][2]}: tensor {extra[0]} is not in the architecture")
     return config
+
+
+class SourceModel:
+    """The BF16 source transformer, read from disk once (into CPU memory) and instantiated afresh for each build, so
+    that ``release build --all`` loads the source one time however many builds it makes."""
+
+    def __init__(self, folder: Path) -> None:
+        import torch
+        from diffusers import Cosmos3OmniTransformer
+
+        from release.recipes.base import check_finite
+
+        model = Cosmos3OmniTransformer.from_pretrained(str(folder / "transformer"), dtype=torch.bfloat16)
+        check_finite(model, folder)
+        self.folder = folder
+        self.config = dict(model.config)
+        self.state = {k: v.detach() for k, v in model.state_dict().items()}  # time_embedder stays fp32
+
+    def instantiate(self, device: str) -> Any:
+        """A new ``Cosmos3OmniTransformer`` on ``device`` with its own copy of the source weights."""
+        from accelerate import init_empty_weights
+        from diffusers import Cosmos3OmniTransformer
+
+        with init_empty_weights():
+            model = Cosmos3OmniTransformer.from_config(self.config)
+        model.load_state_dict({k: v.to(device, copy=True) for k, v in self.state.items()}, strict=True, assign=True)
+        return model.to(device).eval()

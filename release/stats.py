@@ -241,15 +241,20 @@ def attribution(build: PerObservation, baseline: PerObservation) -> dict[str, ob
     sign = 1.0 if full >= 0 else -1.0
     top2 = np.argsort(-sign * np.asarray(influence), kind="stable")[:2]
     keep[top2] = False
-    top3 = np.argsort(-build.sq_err, kind="stable")[:3]
-    total = float(build.sq_err.sum())
     return {
         "diff": full,
         "top_observations": [int(build.obs_ids[i]) for i in top2],
         "diff_without_top": diff_without(keep),
-        "top3_error_observations": [int(build.obs_ids[i]) for i in top3],
-        "top3_error_share": float(build.sq_err[top3].sum()) / total if total else None,
+        **concentration(build),
     }
+
+
+def concentration(po: PerObservation) -> dict[str, object]:
+    """The three observations that hold the most squared error, and their share of it (None without any error)."""
+    top3 = np.argsort(-po.sq_err, kind="stable")[:3]
+    total = float(po.sq_err.sum())
+    return {"top3_error_observations": [int(po.obs_ids[i]) for i in top3],
+            "top3_error_share": float(po.sq_err[top3].sum()) / total if total else None}
 
 
 def gate_failures(overall_sigma: float, gripper_changes: int, n_steps: int, limit_sigma: float,

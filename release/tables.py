@@ -17,13 +17,14 @@ import pandas as pd
 from release import ReleaseError
 from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
 from release.evaluate import RESULTS, YARDSTICKS
-from release.io import atomic_write, output_folder, write_json
+from release.io import atomic_write, build_date, output_folder, write_json
 from release.stats import (
     Difference,
     PerObservation,
     Summary,
     attribution,
     cluster_counts,
+    concentration,
     gate,
     overall,
     paired_difference,
@@ -185,7 +186,8 @@ def build_tables(request: TablesRequest) -> tuple[list[dict[str, Any]], dict[str
     for r in results:
         s = summarize(r.per_obs, counts(r.per_obs))
         record: dict[str, Any] = {"build": r.build.name, "title": r.build.title, "delivered": r.build.delivered,
-                                  "path": r.path, "split": r.split, **asdict(s),
+                                  "scheme": r.build.scheme, "path": r.path, "split": r.split, **asdict(s),
+                                  **concentration(r.per_obs),
                                   "x_eager_vs_compile": x_compile(s, r.split),
                                   "gate": gate(s, r.build.gate.overall_sigma, r.build.gate.gripper_change_rate),
                                   **_comparison(None)}
@@ -207,7 +209,7 @@ def build_tables(request: TablesRequest) -> tuple[list[dict[str, Any]], dict[str
             if ys is not None:
                 s = summarize(ys, counts(ys))
                 records.append({"build": f"yardstick-{kind}", "title": title, "delivered": False,
-                                "path": "yardstick", "split": split, **asdict(s), "gate": None,
+                                "scheme": None, "path": "yardstick", "split": split, **asdict(s), "gate": None,
                                 "x_eager_vs_compile": x_compile(s, split), **_comparison(None)})
     if not records:
         raise ReleaseError(f"{request.dist}: no result files; run 'release eval' first")
@@ -291,5 +293,6 @@ def run_tables(request: TablesRequest) -> dict[str, pd.DataFrame]:
     for name, frame in tables.items():
         atomic_write(request.out / f"{name}.csv", frame.to_csv(index=False))
     write_json(request.out / "tables.json", {"baseline": request.baseline, "resamples": request.resamples,
-                                              "bootstrap_seed": BOOTSTRAP_SEED, "records": _json(records)})
+                                              "bootstrap_seed": BOOTSTRAP_SEED, "date": build_date(),
+                                              "records": _json(records)})
     return tables

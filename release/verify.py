@@ -12,7 +12,6 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
-import math
 import os
 import stat
 from collections.abc import Callable
@@ -36,7 +35,7 @@ REPORT_FORMAT = "release-verification/2"
 # Written after verification, by ``release card`` (the card files) and ``release eval`` / ``import-served`` (the
 # results): not in the manifest, pushed as they are (and scanned for secrets). ``*`` does not cross a ``/``.
 AFTER_VERIFICATION = ("README.md", "README.*.md", "LICENSE", "forest.*.png", "results/*.npz")
-TOOL_SIDECARS = ("provenance.json", "smoothing_scales.safetensors", "results/")  # results: `release eval`
+TOOL_SIDECARS = ("provenance.json", "smoothing_scales.safetensors", "results/", "builds/")  # results: `release eval`
 DOCUMENTATION = ("README", "LICENSE", ".gitattributes", "forest.png")
 BASE_MODEL_BRANCHES = ("sound_tokenizer/", "audio_")
 SHARD_INDEXES = {"transformer": "diffusion_pytorch_model.safetensors.index.json", "": "model.safetensors.index.json"}
@@ -147,9 +146,15 @@ def _headers(root: Path, problems: list[str]) -> dict[str, tuple[str, tuple[int,
     return out
 
 
-def check_layout(folder: Path, reference: Path) -> Check:
+def check_layout(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static") -> Check:
+    """Tensor names, dtypes and shapes against the reference's, as the build's scheme lays them out (a per-channel
+    build: the reference's per-tensor scales as (out, 1) weight scales, no static input scales)."""
+    from release.recipes import per_channel
+
     problems: list[str] = []
     ours, theirs = _headers(folder, problems), _headers(reference, problems)
+    if scheme == per_channel.SCHEME:
+        theirs = per_channel.expected_headers(theirs)
     common = sorted(set(ours) & set(theirs))
     differ = [f"{ours[k][2]}: tensor {k.split('/')[-1]} is {ours[k][0]}{list(ours[k][1])}, reference "
               f"{theirs[k][0]}{list(theirs[k][1])}" for k in common if ours[k][:2] != theirs[k][:2]]
@@ -200,7 +205,27 @@ def _read_json(root: Path, rel: str, problems: list[str]) -> dict[str, Any]:
     return {}
 
 
-def check_quant_configs(folder: Path, reference: Path) -> Check:
+def in_scheme(config: dict[str, Any], scheme: str) -> dict[str, Any]:
+    """A per-tensor reference's quantization config as the build's scheme writes it: for the per-channel scheme its
+    ``quant_algo`` and ``config_groups`` as ModelOpt names the scheme, and in ``modelopt_config`` every per-tensor FP8
+    weight and input quantizer replaced by the scheme's; anything else stays the reference's."""
+    from release.recipes import per_channel
+
+    if scheme != per_channel.SCHEME or not config:
+        return config
+    out = json.loads(json.dumps(config))
+    out["quant_algo"] = per_channel.QUANT_ALGO
+    out["config_groups"] = json.loads(json.dumps(per_channel.config_groups()))
+    for entry in out.get("modelopt_config", {}).get("quant_cfg", []):
+        name = str(entry.get("quantizer_name", ""))
+        if "cfg" in entry and name.endswith("weight_quantizer"):
+            entry["cfg"] = json.loads(json.dumps(per_channel.WEIGHT_CFG))
+        elif "cfg" in entry and name.endswith("input_quantizer"):
+            entry["cfg"] = json.loads(json.dumps(per_channel.INPUT_CFG))
+    return out
+
+
+def check_quant_configs(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static") -> Check:
     problems: list[str] = []
     diffs: list[str] = []
     for rel, key in (("transformer/config.json", "quantization_config"), ("hf_quant_config.json", None)):
@@ -209,9 +234,11 @@ def check_quant_configs(folder: Path, reference: Path) -> Check:
             if ours and key not in ours:
                 problems.append(f"{rel}: no '{key}' field")
             ours, theirs = ours.get(key, {}), theirs.get(key, {})
-        diffs += [f"{rel}: {d}" for d in _diff(ours, theirs)]
+        diffs += [f"{rel}: {d}" for d in _diff(ours, in_scheme(theirs, scheme))]
     failures = problems + diffs
-    summary = "identical to the reference's" if not failures else f"{len(failures)} differences: {failures[0]}"
+    same = "identical to the reference's" if scheme == "fp8_w8a8_per_tensor_static" else \
+        "identical to the reference's in the per-channel scheme (quant_algo FP8_PER_CHANNEL_PER_TOKEN)"
+    summary = same if not failures else f"{len(failures)} differences: {failures[0]}"
     return Check("quantization_config", _status(not failures), summary, {"differences": failures})
 
 
@@ -234,8 +261,18 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def check_modelopt_states(folder: Path, reference: Path) -> Check:
+def check_modelopt_states(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static") -> Check:
+    """Both state files against the reference's: the same configurations and entries; in the per-channel scheme the
+    entries that scheme sets differently (``per_channel.STATE_DIFFERENCES``) are counted apart, anything else that
+    differs fails."""
     import modelopt.torch.quantization  # noqa: F401  (registers ModelOpt's classes for weights_only loading)
+
+    from release.recipes import per_channel
+
+    allowed = per_channel.STATE_DIFFERENCES if scheme == per_channel.SCHEME else ()
+
+    def by_scheme(key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, p) for p in allowed)
 
     counts, failures = {}, []
     for rel in ("transformer/modelopt_state.pth", "modelopt_state.pth"):
@@ -254,15 +291,20 @@ def check_modelopt_states(folder: Path, reference: Path) -> Check:
         _flatten(states[1], "", theirs)
         common = set(ours) & set(theirs)
         differ = sorted(k for k in common if not _same(ours[k], theirs[k]))
-        configs = [(m, c.get("config")) for m, c in states[0]["modelopt_state_dict"]], \
-            [(m, c.get("config")) for m, c in states[1]["modelopt_state_dict"]]
+        one_side = sorted(set(ours) ^ set(theirs))
+        configs = [[(m, {k: v for k, v in (c.get("config") or {}).items() if not (allowed and k == "quant_cfg")})
+                    for m, c in state["modelopt_state_dict"]] for state in states]
         if configs[0] != configs[1]:
             failures.append(f"{rel}: ModelOpt configurations differ from the reference's")
-        failures += [f"{rel}: entry {k} differs" for k in differ]
+        failures += [f"{rel}: entry {k} differs" for k in differ if not by_scheme(k)]
+        failures += [f"{rel}: entry {k} on one side only" for k in one_side if allowed and not by_scheme(k)]
         counts[rel] = {"common": len(common), "build_only": len(set(ours) - common),
-                       "reference_only": len(set(theirs) - common), "differ": len(differ)}
+                       "reference_only": len(set(theirs) - common),
+                       "differ": len([k for k in differ if not by_scheme(k)]),
+                       "scheme": len([k for k in differ + one_side if by_scheme(k)])}
+    scheme_part = " ({c[scheme]} set by the per-channel scheme)" if allowed else ""
     parts = [f"{c['common']}/{c['build_only']}/{c['reference_only']} common/build-only/reference-only entries, "
-             f"{c['differ']} differ ({rel})" for rel, c in counts.items()]
+             f"{c['differ']} differ{scheme_part.format(c=c)} ({rel})" for rel, c in counts.items()]
     summary = "; ".join(parts) if not failures else f"{failures[0]}"
     return Check("modelopt_state", _status(not failures), summary, {"counts": counts, "problems": failures})
 
@@ -277,13 +319,6 @@ def _tensors(folder: Path, problems: list[str]) -> dict[str, torch.Tensor]:
         except Exception as exc:
             problems.append(f"{shard.name}: unreadable ({str(exc).splitlines()[0]})")
     return out
-
-
-def _fp8_step(value: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Spacing of the FP8 E4M3 grid at ``value`` (3 mantissa bits, subnormals below 2^-6), in weight units."""
-    code = (value.float() / scale.float()).abs().clamp_min(2.0**-9)
-    exponent = torch.floor(torch.log2(code)).clamp_min(-6)
-    return scale.float() * torch.pow(2.0, exponent - 3)
 
 
 def expected_weights(source: dict[str, torch.Tensor], folder: Path, provenance: dict[str, Any]) -> dict[str, Any]:
@@ -307,45 +342,94 @@ def expected_weights(source: dict[str, torch.Tensor], folder: Path, provenance: 
     return expected
 
 
-def check_values(folder: Path, source: Path) -> Check:
-    from release.export import fp8_weight_codes
+SCALES = ("weight_scale", "input_scale", "weight_quantizer._scale", "weight_quantizer._amax", "input_quantizer._amax")
+
+
+def _scale_problems(built: dict[str, torch.Tensor], linear: str, out_features: int, per_channel_scheme: bool
+                    ) -> list[str]:
+    """Missing, misshapen or non-positive scales of one FP8 Linear, in the build's scheme (per tensor: five 0-dim
+    scales; per channel: three (out, 1) weight scales and no input scale, which is computed per token)."""
+    from release.recipes import per_channel
+
+    wanted = per_channel.ROW_SCALED if per_channel_scheme else SCALES
+    shape = (out_features, 1) if per_channel_scheme else ()
+    problems = []
+    for suffix in wanted:
+        value = built.get(f"{linear}.{suffix}")
+        if value is None:
+            problems.append(f"tensor {linear}.{suffix} is missing")
+        elif tuple(value.shape) != shape:
+            problems.append(f"tensor {linear}.{suffix} has shape {list(value.shape)}, the scheme needs {list(shape)}")
+        elif not bool((torch.isfinite(value.float()) & (value.float() > 0)).all()):
+            bad = value.float().reshape(-1)[~(torch.isfinite(value.float()) & (value.float() > 0)).reshape(-1)][0]
+            problems.append(f"tensor {linear}.{suffix} holds {bad.item()}: not a positive finite scale")
+    if per_channel_scheme:
+        problems += [f"tensor {linear}.{s}: a static input scale in a per-token build" for s in per_channel.ABSENT
+                     if f"{linear}.{s}" in built]
+    return problems
+
+
+def check_values(folder: Path, source: Path, source_tensors: dict[str, torch.Tensor] | None = None) -> Check:
+    """Every FP8 weight's scales and codes, every other tensor against the source.
+
+    Round-to-nearest recipes (RTN, the observers, SmoothQuant, AWQ, the seed-faithful AutoRound): the codes must equal
+    a recomputation from the (smoothed) source in the build's arithmetic, within half an FP8 step. Recipes that make
+    their own codes (GPTQ, tuned AutoRound, as ``provenance.json`` records): the codes must be valid FP8 values on the
+    grid of their scale, and the dequantized weight within the recipe's stated relative error of the (smoothed)
+    source; the reconstruction error on calibration data that the build measured is reported beside it.
+    """
+    from release.fp8 import dequantize, grid_step, nan_codes, weight_codes
+    from release.recipes import per_channel
 
     problems: list[str] = []
     provenance = _read_json(folder, "provenance.json", problems)
     built = _tensors(folder / "transformer", problems)
-    src = _tensors(source / "transformer", problems)
+    src = source_tensors if source_tensors is not None else _tensors(source / "transformer", problems)
     if problems:
         return Check("values", "failed", problems[0], {"problems": problems})
-    arithmetic = provenance.get("recipe", {}).get("arithmetic", "native")
+    recipe = provenance.get("recipe", {})
+    arithmetic = recipe.get("arithmetic", "native")
     if arithmetic == "native":
         arithmetic = str(provenance.get("device", "cpu")).split()[0]
+    own_codes = bool(recipe.get("changes_weights"))
+    bound = recipe.get("max_weight_error")
+    if own_codes and not isinstance(bound, int | float):
+        problems.append("provenance.json: field 'recipe.max_weight_error' is missing for a recipe that makes its own "
+                        "codes; rebuild")
+        bound = 0.0
+    per_channel_scheme = recipe.get("scheme") == per_channel.SCHEME
     expected = expected_weights(src, folder, provenance)
     fp8 = [k for k, v in built.items() if v.dtype == torch.float8_e4m3fn]
-    worst = 0.0
+    worst = worst_error = 0.0
     for key in fp8:
         linear = key.removesuffix(".weight")
-        scales = {s: built.get(f"{linear}.{s}") for s in ("weight_scale", "input_scale", "weight_quantizer._scale",
-                                                         "weight_quantizer._amax", "input_quantizer._amax")}
-        missing = [s for s, v in scales.items() if v is None]
-        if missing:
-            problems.append(f"tensor {linear}.{missing[0]} is missing")
-            continue
-        bad = [s for s, v in scales.items() if not (math.isfinite(float(v)) and float(v) > 0)]  # type: ignore[arg-type]
-        if bad:
-            problems.append(f"tensor {linear}.{bad[0]} is {float(scales[bad[0]])}: not a positive finite scale")  # type: ignore[arg-type]
+        scale_problems = _scale_problems(built, linear, built[key].shape[0], per_channel_scheme)
+        if scale_problems:
+            problems += scale_problems
             continue
         w = expected.get(key)
         if w is None:
             problems.append(f"tensor {key}: not in the source")
             continue
-        amax = scales["weight_quantizer._amax"]
-        assert amax is not None
-        codes, scale = fp8_weight_codes(w, amax, arithmetic)
-        if not torch.equal(codes.view(torch.uint8), built[key].view(torch.uint8)):
-            n = int((codes.view(torch.uint8) != built[key].view(torch.uint8)).sum())
+        codes = built[key]
+        if own_codes:
+            scale = built[f"{linear}.weight_quantizer._scale"]
+            bad = nan_codes(codes)
+            if bad:
+                problems.append(f"tensor {key}: {bad} FP8 codes are NaN")
+            deq = dequantize(codes, scale)
+            error = float((deq - w.float()).norm() / w.float().norm().clamp_min(1e-30))
+            worst_error = max(worst_error, error)
+            if error > bound:
+                problems.append(f"tensor {key}: dequantizes {error:.3f} (relative) from the source weight, more than "
+                                f"the recipe's {bound}")
+            continue
+        recomputed, scale = weight_codes(w, built[f"{linear}.weight_quantizer._amax"], arithmetic)
+        if not torch.equal(recomputed.view(torch.uint8), codes.view(torch.uint8)):
+            n = int((recomputed.view(torch.uint8) != codes.view(torch.uint8)).sum())
             problems.append(f"tensor {key}: {n} FP8 codes differ from a recomputation from the source")
-        deq = built[key].float() * scale.float()
-        ratio = ((deq - w.float()).abs() / _fp8_step(w, scale)).max().item()
+        deq = dequantize(codes, scale)
+        ratio = ((deq - w.float()).abs() / grid_step(w, scale)).max().item()
         worst = max(worst, ratio)
         if ratio > 0.5 * (1 + 2**-4):  # half a step, plus the bf16 rounding of the quotient before the FP8 cast
             problems.append(f"tensor {key}: dequantizes {ratio:.2f} FP8 steps from the source weight")
@@ -359,11 +443,27 @@ def check_values(folder: Path, source: Path) -> Check:
             problems.append(f"tensor {key}: differs from the source")
         elif not torch.equal(value, src[key]):
             folded += 1
-    summary = (f"{len(fp8)} FP8 weights with positive finite scales, codes equal a recomputation from the source, "
-               f"within {worst:.2f} FP8 steps of the {'smoothed ' if folded else ''}source weight; other tensors "
-               f"equal the source{f' except {folded} norms / up_proj with folded smoothing' if folded else ''}")
-    return Check("values", _status(not problems), summary if not problems else problems[0], {
-        "fp8_weights": len(fp8), "worst_fp8_steps": worst, "folded": folded, "problems": problems})
+    smoothed = "smoothed " if folded else ""
+    scheme = "per-channel weight scales, no static input scale" if per_channel_scheme else "positive finite scales"
+    details: dict[str, Any] = {"fp8_weights": len(fp8), "folded": folded, "problems": problems,
+                               "own_codes": own_codes}
+    if own_codes:
+        rows = recipe.get("reconstruction") or []
+        ratios = sorted(r["error"] / r["rtn_error"] for r in rows if r.get("rtn_error"))
+        median = ratios[len(ratios) // 2] if ratios else None
+        details.update(worst_weight_error=worst_error, max_weight_error=bound, reconstruction_ratio_median=median)
+        codes_text = (f"the recipe's own codes, valid FP8, within {worst_error:.3f} relative error of the {smoothed}"
+                      f"source weight (bound {bound})")
+        if median is not None:
+            codes_text += (f"; reconstruction error on calibration data {median:.2f}x round-to-nearest's (median over "
+                           f"{len(ratios)} Linears)")
+    else:
+        details["worst_fp8_steps"] = worst
+        codes_text = f"codes equal a recomputation from the source, within {worst:.2f} FP8 steps of the {smoothed}" \
+            "source weight"
+    summary = (f"{len(fp8)} FP8 weights with {scheme}, {codes_text}; other tensors equal the source"
+               f"{f' except {folded} norms / up_proj with folded smoothing' if folded else ''}")
+    return Check("values", _status(not problems), summary if not problems else problems[0], details)
 
 
 def check_consistency(folder: Path) -> Check:
@@ -385,23 +485,33 @@ def check_consistency(folder: Path) -> Check:
 
 
 def check_loadable(request: VerifyRequest) -> Check:
+    """The build loads in diffusers with ModelOpt's restore and one policy rollout gives finite actions, with
+    diffusers' default step policy (W8A16 on the first and last steps). A per-channel build cannot run either way:
+    that policy refuses its scales ("requires one tensorwise ModelOpt FP8 weight scale") and ModelOpt has no kernel
+    for a restored per-channel weight with per-token inputs ("self._dequantize is True and self.fake_quant is False");
+    it is rolled out W8A8 on every step through the row-wise FP8 kernel of ``release eval --path deployed``."""
+    from release.evaluate import deployed_transformer
     from release.export import load_build_transformer
     from release.observations import load_observations, split
     from release.policy import load_pipeline, rollout
+    from release.recipes import per_channel
 
     if request.observations is None:
         return Check("loadable", "failed", "no observation set to roll out on; pass --observations DIR")
+    every_step = request.build.scheme == per_channel.SCHEME
     try:
-        transformer = load_build_transformer(request.folder)
+        transformer = deployed_transformer(request.folder) if every_step else load_build_transformer(request.folder)
         obs = split(load_observations(request.observations), request.release.calibration_labs)[0]
         pipe = load_pipeline(request.folder, request.release.policy, transformer=transformer)
-        actions = rollout(pipe, obs, request.release.policy)
+        actions = rollout(pipe, obs, request.release.policy, **({"mixed_precision_format": "none"} if every_step
+                                                                 else {}))
     except ReleaseError as exc:
         return Check("loadable", "failed", str(exc))
     except Exception as exc:  # diffusers / ModelOpt refusing a damaged checkpoint
         return Check("loadable", "failed", f"diffusers could not load or run the build: {str(exc).splitlines()[0]}")
-    return Check("loadable", "passed", f"loads in diffusers with ModelOpt's restore; one policy rollout gives finite "
-                                   f"actions {list(actions.shape)}")
+    how = " (W8A8 on every step, row-wise FP8 kernel)" if every_step else ""
+    return Check("loadable", "passed", f"loads in diffusers with ModelOpt's restore; one policy rollout{how} gives "
+                                   f"finite actions {list(actions.shape)}")
 
 
 def build_files(folder: Path) -> list[str]:
@@ -456,20 +566,24 @@ def file_manifest(folder: Path) -> dict[str, FileEntry]:
     return {rel: FileEntry(sha256=d, size=n) for rel, d, n in zip(files, digests, sizes, strict=True)}
 
 
-def verify(request: VerifyRequest) -> list[Check]:
-    """Run every check, write ``verification/report.{json,md}`` into the build folder, return the checks."""
+def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | None = None) -> list[Check]:
+    """Run every check, write ``verification/report.{json,md}`` into the build folder, return the checks
+    (``source_tensors``: the source's transformer tensors, when several builds of one source are verified)."""
     manifest = file_manifest(request.folder)  # before the checks: a file changed while they run fails the push
     checks: list[Check] = []
     runners: list[Callable[[], Check]] = []
     if request.reference is not None:
         ref = request.reference
-        runners += [lambda: check_layout(request.folder, ref), lambda: check_quant_configs(request.folder, ref),
-                    lambda: check_modelopt_states(request.folder, ref)]
+        scheme = request.build.scheme
+        runners += [lambda: check_layout(request.folder, ref, scheme),
+                    lambda: check_quant_configs(request.folder, ref, scheme),
+                    lambda: check_modelopt_states(request.folder, ref, scheme)]
     else:
         checks += [Check(name, "skipped", "skipped: no reference (build 'rtn' into the same folder, or run "
                                           "'release verify --reference DIR')")
                    for name in ("layout", "quantization_config", "modelopt_state")]
-    runners += [lambda: check_values(request.folder, request.source), lambda: check_consistency(request.folder),
+    runners += [lambda: check_values(request.folder, request.source, source_tensors),
+                lambda: check_consistency(request.folder),
                 lambda: check_loadable(request)]
     for run in runners:
         checks.append(run())
@@ -555,8 +669,15 @@ def verify_builds(requests: list[VerifyRequest]) -> bool:
 
     console = Console(width=160)
     ok = True
+    sources: dict[Path, dict[str, torch.Tensor]] = {}
     for request in requests:
-        checks = verify(request)
+        if request.source not in sources:  # each source read once, however many builds of it are verified
+            sources.clear()
+            problems: list[str] = []
+            tensors = _tensors(request.source / "transformer", problems)
+            if not problems:
+                sources[request.source] = tensors
+        checks = verify(request, sources.get(request.source))
         console.print(summary_table(request, checks))
         ok &= all(c.status != "failed" for c in checks)
     return ok

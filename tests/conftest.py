@@ -115,3 +115,13 @@ def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
     server.expected_token = HUB_TOKEN
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def campaign(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``release build --all``: the seed's 22 builds from one capture and one load of the source, all verified."""
+    dist = tmp_path_factory.mktemp("campaign")
+    result = invoke("build", "--all", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", dist)
+    assert result.exit_code == 0, result.output
+    return dist

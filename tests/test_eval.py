@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from release.evaluate import describe, emulated_fp8_forward, emulated_fp8_gemm, hopper_fp8_accumulate
+from release.evaluate import describe
+from release.fp8 import emulated_gemm, hopper_accumulate, per_tensor_forward
 from tests.conftest import invoke
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -121,7 +122,7 @@ def test_accumulation_equals_the_h200(shape: str) -> None:
     """The tensor-core model gives the H200's fp32 accumulator bit for bit; an exact fp32 matmul does not."""
     a, b = _fp8(f"gemm/{shape}/a"), _fp8(f"gemm/{shape}/b")
     h200 = torch.from_numpy(H200[f"gemm/{shape}/acc_fast"])
-    assert torch.equal(hopper_fp8_accumulate(a, b), h200)
+    assert torch.equal(hopper_accumulate(a, b), h200)
     assert (a.float() @ b.float().T != h200).float().mean() > 0.5
 
 
@@ -131,8 +132,8 @@ def test_gemm_epilogue_equals_the_h200(shape: str) -> None:
     a, b = _fp8(f"gemm/{shape}/a"), _fp8(f"gemm/{shape}/b")
     scale_a, scale_b = (torch.tensor(s) for s in H200[f"gemm/{shape}/scales"])
     bias = _bf16(f"gemm/{shape}/bias")
-    plain = emulated_fp8_gemm(a, b, scale_a, scale_b, None, torch.bfloat16)
-    biased = emulated_fp8_gemm(a, b, scale_a, scale_b, bias, torch.bfloat16)
+    plain = emulated_gemm(a, b, scale_a, scale_b, None, torch.bfloat16)
+    biased = emulated_gemm(a, b, scale_a, scale_b, bias, torch.bfloat16)
     assert torch.equal(plain, _bf16(f"gemm/{shape}/bf16_fast"))
     assert torch.equal(biased, _bf16(f"gemm/{shape}/bf16_bias_fast"))
 
@@ -145,5 +146,5 @@ def test_deployed_linear_equals_modelopt_gemm_on_the_h200(name: str) -> None:
     module = types.SimpleNamespace(input_quantizer=types.SimpleNamespace(amax=amax_in),
                                    weight_quantizer=types.SimpleNamespace(amax=amax_w),
                                    weight=_fp8(f"module/{name}/weight"), bias=None)
-    out = emulated_fp8_forward(module, _bf16(f"module/{name}/input"))
+    out = per_tensor_forward(module, _bf16(f"module/{name}/input"))
     assert torch.equal(out, _bf16(f"module/{name}/output"))

@@ -84,9 +84,11 @@ def cards(dist: Path, name: str = "sq_auto") -> tuple[str, str]:
     return (folder / "README.md").read_text(encoding="utf-8"), (folder / "README.ko.md").read_text(encoding="utf-8")
 
 
-def row(card: str, label: str) -> list[str]:
-    """The cells of the first card table row whose first cell starts with ``label``."""
-    line = next(x for x in card.splitlines() if x.startswith(f"| {label}"))
+def row(card: str, label: str, cells: int | None = None) -> list[str]:
+    """The cells of the first card table row whose first cell starts with ``label`` (and that has ``cells`` cells:
+    the deployed results have 8, the fidelity table 7, the attribution 5)."""
+    line = next(x for x in card.splitlines() if x.startswith(f"| {label}")
+                and (cells is None or x.count("|") == cells + 1))
     return [c.strip() for c in line.strip("|").split("|")]
 
 
@@ -196,9 +198,9 @@ def test_too_few_observations(tmp_path: Path) -> None:
     en, ko = cards(dist)
     for card, too_few in ((en, "too few observations"), (ko, "관측 수 부족")):
         assert row(card, "FP8 + SmoothQuant")[2].endswith(f" ({too_few})")  # fidelity: no interval
-        ranked = row(card, "1 | FP8 + SmoothQuant")
-        assert ranked[3].endswith(f" ({too_few})") and ranked[4] == too_few  # difference and p
-    assert "deployed FP8 build (diffusers), held-out labs: too few observations to compare the builds with RTN." in en
+        deployed = row(card, "FP8 + SmoothQuant", cells=8)  # the comparison's deployed results
+        assert deployed[2].endswith(f" ({too_few})") and deployed[3] == too_few  # difference and p
+    assert "Deployed FP8 build (diffusers), held-out labs: too few observations to compare the builds with RTN." in en
     assert "관측 수가 너무 적어 RTN 대비 build를 비교할 수 없습니다." in ko
 
 
@@ -217,8 +219,7 @@ def test_candidate_equal_to_its_reference(tmp_path: Path) -> None:
     en, ko = cards(dist)
     for card in (en, ko):
         assert row(card, "FP8 + SmoothQuant")[5] == "∞"
-        attributed = next(x for x in card.splitlines() if x.startswith("| FP8 + SmoothQuant") and x.count("|") == 7)
-        assert attributed.rstrip(" |").endswith("| -")
+        assert row(card, "FP8 + SmoothQuant", cells=5)[-1] == "-"  # the attribution's top-3 share: 0 / 0
 
 
 # item 17 -------------------------------------------------------------------------------------------------------------
@@ -244,12 +245,13 @@ def test_p_of_zero_is_a_bound_and_the_corrected_interval_is_shown(dist: Path) ->
     assert ranking.loc[sq_title, "p (Bonferroni-corrected)"] == "< 0.008"
     assert ranking.loc[sq_title, "m"] == "2"
     en, ko = cards(dist)
-    header = row(en, "rank")
-    assert header[3:5] == ["vs RTN, Bonferroni-corrected 95% CI (m = 2)", "p, Bonferroni-corrected (m = 2)"]
-    assert row(ko, "순위")[3:5] == ["RTN 대비 [Bonferroni 보정 95% CI (m = 2)]", "p (Bonferroni 보정, m = 2)"]
+    header = row(en, "build | deployed sigma")
+    assert header[2:4] == ["deployed vs RTN, Bonferroni-corrected 95% CI (m = 2)", "p, Bonferroni-corrected (m = 2)"]
+    assert row(ko, "build | 배포 σ")[2:4] == ["배포 RTN 대비 [Bonferroni 보정 95% CI (m = 2)]",
+                                            "p (Bonferroni 보정, m = 2)"]
     for card in (en, ko):
-        ranked = row(card, "1 | FP8 + SmoothQuant")
-        assert ranked[3] == f"{sq['diff_to_baseline']:+.3f} [{lo:+.3f}, {hi:+.3f}]" and ranked[4] == "< 0.008"
+        deployed = row(card, "FP8 + SmoothQuant", cells=8)
+        assert deployed[2] == f"{sq['diff_to_baseline']:+.3f} [{lo:+.3f}, {hi:+.3f}]" and deployed[3] == "< 0.008"
 
 
 def test_mismatched_observations_are_an_error_naming_both_files(dist: Path) -> None:

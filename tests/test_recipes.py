@@ -14,9 +14,11 @@ from safetensors.torch import load_file
 from release import ReleaseError
 from release.build import CalibrationData
 from release.config import load_build
-from release.export import SMOOTHING_SIDECAR, fp8_weight_codes, quantize
+from release.export import SMOOTHING_SIDECAR
+from release.fp8 import weight_codes
 from release.observations import CALIBRATION_LABS, load_observations, split
-from release.source import read_headers
+from release.recipes import quantize
+from release.source import SourceModel, read_headers
 from tests.conftest import ROOT, edited_source, invoke
 
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -128,10 +130,10 @@ def test_cuda_emulation_where_cpu_and_cuda_differ(tiny: Path) -> None:
         name = key.removeprefix("fp32amax.").removesuffix(".weight")
         amax = gpu[f"fp32amax.{name}.weight_quantizer._amax"]
         assert amax.dtype == torch.float32
-        codes, scale = fp8_weight_codes(source[f"{name}.weight"], amax, "cuda")
+        codes, scale = weight_codes(source[f"{name}.weight"], amax, "cuda")
         assert torch.equal(codes.view(torch.uint8), gpu[key].view(torch.uint8)), name
         assert torch.equal(scale, gpu[f"fp32amax.{name}.weight_quantizer._scale"])
-        cpu_codes, _ = fp8_weight_codes(source[f"{name}.weight"], amax, "cpu")
+        cpu_codes, _ = weight_codes(source[f"{name}.weight"], amax, "cpu")
         cpu_differs += int((cpu_codes.view(torch.uint8) != gpu[key].view(torch.uint8)).sum())
     assert cpu_differs > 1000  # about 3% of 147,456 codes
 
@@ -157,14 +159,18 @@ def test_non_finite_activation_names_layer_and_call(rtn_build: Path, tiny: Path)
     calls[3] = {**calls[3], "vision_tokens": [torch.full_like(calls[3]["vision_tokens"][0], float("inf"))]}
     with pytest.raises(ReleaseError, match=r"non-finite activation .* at the input of layers\.0\.\S+ in "
                                            r"transformer call 3"):
-        quantize(tiny / "source", load_build("rtn"), calls, [])
+        quantize(SourceModel(tiny / "source").instantiate("cpu"), load_build("rtn"), calls, [])
 
 
 @pytest.mark.parametrize("edit, message", [
     (("alpha: auto", "alpha: 1.5"), "field 'smoothquant.alpha"),
     (("algorithm_calls: 32", "algorithm_calls: 0"), "needs algorithm_calls >= 1"),
     (("method: max", "method: minmax"), "Input should be 'max', 'moving_average', 'histogram' or 'range_shrink'"),
-    (("recipe: smoothquant", "recipe: awq"), "Input should be 'rtn' or 'smoothquant'"),
+    (("recipe: smoothquant", "recipe: quarot"), "Input should be 'rtn', 'smoothquant', 'awq', 'gptq' or 'autoround'"),
+    (("recipe: smoothquant", "recipe: [gptq, smoothquant]"), "'smoothquant' must come before 'gptq'"),
+    (("recipe: smoothquant", "recipe: [smoothquant, awq]"), "at most one smoothing step"),
+    (("recipe: smoothquant", "recipe: [rtn, gptq]"), "'rtn' is the recipe without steps"),
+    (("recipe: smoothquant", "recipe: gptq"), "'smoothquant' section given, but 'recipe' has no step"),
 ])
 def test_bad_recipe_parameters(edit: tuple[str, str], message: str, tmp_path: Path,
                                monkeypatch: pytest.MonkeyPatch) -> None:

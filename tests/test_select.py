@@ -72,12 +72,12 @@ def test_the_seed_selection_from_the_seed_figures(tmp_path: Path) -> None:
     tables(tmp_path, seed["records"])
     doc = select(tmp_path)
     assert doc["chosen"] == ["rtn", "sq_auto", "rtn_mavg"]
-    assert order(doc) == [("sq_auto", 1), ("rtn_mavg", 2), ("rtn", 3), ("sq_auto_normfc", 4), ("sq_a05", 5),
-                          ("rtn_mavg005", 6), ("sq_auto_gptq", None)]  # 0.103 tie: higher gripper agreement first
+    assert order(doc) == [("sq_auto", 1), ("rtn_mavg", 2), ("rtn", 3), ("sq_auto_gptq", 4), ("sq_auto_normfc", 5),
+                          ("sq_a05", 6), ("rtn_mavg005", 7)]  # 0.103 tie: higher gripper agreement first
     by_name = {c["build"]: c for c in doc["candidates"]}
     assert by_name["rtn"]["chosen"] == "always" and by_name["rtn"]["gate"]["failed"] == ["gripper_changes"]
     assert by_name["rtn"]["gate"]["gripper_changes_limit"] == pytest.approx(5.12)
-    assert by_name["sq_auto_gptq"]["not_evaluated"] == "no_build_file"
+    assert by_name["sq_auto_gptq"]["gate"]["failed"] == ["gripper_changes"]  # 8 changes > 5.12
     assert doc["rule"]["candidates"][1] == "sq_auto_gptq" and doc["rule"]["count"] == 2
 
 
@@ -280,7 +280,8 @@ def test_the_card_tells_the_selection_in_english_and_korean(card_dist: Path, mon
     assert "This build was chosen: rank 1 of 3." in en["rtn_mavg"]
     assert "This build is chosen in any case, as the reference: rank 2 of 3." in en["rtn"]
     assert "This build was not chosen: rank 3 of 3." in en["sq_auto"]
-    assert "| - | `sq_auto_gptq` | - | - | - | not evaluated: no build file | - |" in en["rtn"]
+    assert ("| - | FP8 + SmoothQuant auto-alpha + GPTQ | - | - | - | not evaluated on this path and split | - |"
+            in en["rtn"])
     assert "| 6 / 1024 | fail (gripper changes) | - |" in en["sq_auto"]
     assert en["rtn_mavg"].endswith(before.split("\n\n", 1)[1])  # the build date and gate follow, as before
     ko = {b: _section(card_dist, b, "ko") for b in REPOS}

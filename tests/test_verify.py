@@ -49,7 +49,9 @@ def test_sq_values_undo_the_smoothing(recipe_builds: Path) -> None:
     values = next(c for c in report["checks"] if c["name"] == "values")
     assert values["details"]["folded"] > 0 and "smoothed source weight" in values["summary"]
     layout = next(c for c in report["checks"] if c["name"] == "layout")
-    assert layout["details"]["files_one_side"] == {"smoothing_scales.safetensors": "tool sidecar"}
+    assert layout["details"]["files_one_side"] == {"smoothing_scales.safetensors": "tool sidecar",
+                                                   "builds/rtn.yaml": "tool sidecar",
+                                                   "builds/sq_auto.yaml": "tool sidecar"}
 
 
 def _shard_of(folder: Path, tensor: str) -> Path:

@@ -1,0 +1,150 @@
+"""Recipes: how a build's FP8 weights and scales are made, on ModelOpt's quantizers.
+
+A build file's ``recipe`` lists its steps (``RECIPES``, one module per family): at most one smoothing step
+(``smoothing``: SmoothQuant, AWQ), then at most one weight step (``gptq``; ``autoround``); ``rtn`` alone is ModelOpt's
+round-to-nearest, NVIDIA's recipe. The input scales come from the build's calibrator (``observers``), its scheme is
+per-tensor (NVIDIA's) or per-channel (``per_channel``). :func:`quantize` runs them in that order on a BF16 model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from typing import Any
+
+import torch
+
+from release import ReleaseError
+from release.config import BuildConfig
+from release.fp8 import dequantize, weight_codes
+from release.recipes import per_channel
+from release.recipes.autoround import AutoRound
+from release.recipes.base import (
+    Context,
+    Quantized,
+    Step,
+    input_hooks,
+    module_weight,
+    quant_config,
+    quantized_linears,
+    quantized_linears_of,
+    register_decoder_layers,
+    sample_rows,
+)
+from release.recipes.gptq import Gptq
+from release.recipes.observers import Observer, tail_quantiles
+from release.recipes.smoothing import Awq, SmoothQuant, folded
+
+__all__ = ["RECIPES", "Observer", "Quantized", "changes_weights", "folded", "max_weight_error", "quant_config",
+           "quantize", "quantized_linears", "steps", "tail_quantiles"]
+
+RECIPES: dict[str, Step] = {step.name: step for step in (Step(), SmoothQuant(), Awq(), Gptq(), AutoRound())}
+RECONSTRUCTION_ROWS = 32  # activation rows per algorithm call kept for the reconstruction error
+
+
+def steps(build: BuildConfig) -> list[Step]:
+    return [RECIPES[name] for name in build.recipe]
+
+
+def changes_weights(build: BuildConfig) -> bool:
+    """Whether the build's FP8 codes are its recipe's own rather than a round-to-nearest of the (smoothed) source."""
+    return any(step.changes_weights(build) for step in steps(build))
+
+
+def max_weight_error(build: BuildConfig) -> float | None:
+    bounds = [b for step in steps(build) if (b := step.max_weight_error(build)) is not None]
+    return max(bounds) if bounds else None
+
+
+def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, Any]],
+             algorithm_calls: list[dict[str, Any]]) -> Quantized:
+    """Apply the build's recipe to ``model`` (BF16, on the device the calls are on) and calibrate it with ModelOpt:
+    smoothing first, then a weight step that tunes the BF16 weights (auto-round), then ModelOpt's quantization with
+    the weight step's algorithm (first pass: the calibration calls, observed by the calibrator; a second pass,
+    GPTQ's Hessians: the algorithm calls), then the calibrator's input scales and any step that works on the
+    calibrated model."""
+    import modelopt.torch.quantization as mtq
+
+    ctx = Context(build, Quantized(model), calls, algorithm_calls)
+    recipe = steps(build)
+    names = quantized_linears_of(model, build)
+    if not names:
+        raise ReleaseError(f"builds/{build.name}.yaml: field 'quantized': no Linear matches the patterns")
+    for step in recipe:  # smoothing
+        if not step.changes_weights(build):
+            step.before(ctx)
+    weighing = changes_weights(build)  # the weights the weight step starts from, and their inputs
+    start = {n: module_weight(model, n).detach().cpu().clone() for n in names} if weighing else {}
+    rows = _input_rows(model, names, algorithm_calls) if weighing else {}
+    for step in recipe:  # tuned AutoRound
+        if step.changes_weights(build):
+            step.before(ctx)
+    algorithm = next((a for step in recipe if (a := step.algorithm(build)) != "max"), "max")
+    if build.layerwise:
+        register_decoder_layers()
+    observer = Observer(build.calibrator, names)
+    passes = [0]
+
+    @torch.no_grad()
+    def forward_loop(m: torch.nn.Module) -> None:
+        first = passes[0] == 0
+        passes[0] += 1
+        data = calls if first or build.layerwise else algorithm_calls
+        with input_hooks(m, names, observer.record) if first else contextlib.nullcontext():
+            for index, call in enumerate(data):
+                observer.call = index
+                m(**call)
+
+    quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
+    with warnings.catch_warnings(), quiet[0], quiet[1]:  # ModelOpt prints progress and tqdm bars; errors still raise
+        warnings.simplefilter("ignore")
+        mtq.quantize(model, quant_config(build, algorithm), forward_loop=forward_loop)
+    for name, amax in observer.amax().items():
+        quantizer: Any = model.get_submodule(name).input_quantizer
+        quantizer.amax = amax.to(quantizer.amax.dtype)
+    for step in recipe:
+        step.after(ctx)
+    if weighing:
+        ctx.result.reconstruction = reconstruction(model, build, start, rows)
+    return ctx.result
+
+
+def _input_rows(model: torch.nn.Module, names: list[str], calls: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """Evenly spaced input rows of every quantized Linear on ``calls`` (BF16 model, before any weight step), kept on
+    the CPU for the reconstruction error."""
+    rows: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+    with input_hooks(model, names, lambda n, x: rows[n].append(sample_rows(x, RECONSTRUCTION_ROWS).cpu())), \
+            torch.no_grad():
+        for call in calls:
+            model(**call)
+    return {n: torch.cat(r) for n, r in rows.items() if r}
+
+
+def _rtn(weight: torch.Tensor, build: BuildConfig, arithmetic: str) -> torch.Tensor:
+    """Round-to-nearest of ``weight`` in the build's scheme, dequantized (what ModelOpt's max calibration and
+    compress make of it)."""
+    w = weight.to(torch.bfloat16)
+    amax = w.abs().amax(dim=1, keepdim=True) if build.scheme == per_channel.SCHEME else w.abs().amax()
+    return dequantize(*weight_codes(w, amax, arithmetic))
+
+
+def reconstruction(model: torch.nn.Module, build: BuildConfig, start: dict[str, torch.Tensor],
+                   rows: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
+    """Per quantized Linear, on calibration rows X of the algorithm calls: the relative output error
+    ``|X Wq^T - X W^T|^2 / |X W^T|^2`` of the build's FP8 weight Wq and of round-to-nearest's, W the weight before the
+    weight step, and the relative weight error ``|Wq - W| / |W|`` (Frobenius)."""
+    arithmetic = build.arithmetic if build.arithmetic != "native" else next(model.parameters()).device.type
+    table = []
+    for name, w0 in start.items():
+        module: Any = model.get_submodule(name)
+        w = w0.float()
+        built = dequantize(*weight_codes(module.weight.detach(), module.weight_quantizer.amax.detach(), arithmetic))
+        rtn = _rtn(w0, build, arithmetic)
+        x = rows[name].float()
+        ref = x @ w.T
+        energy = float((ref**2).sum()) or 1e-30
+        table.append({"linear": name, "error": float(((x @ built.T - ref) ** 2).sum()) / energy,
+                      "rtn_error": float(((x @ rtn.T - ref) ** 2).sum()) / energy,
+                      "weight_error": float((built - w).norm() / w.norm().clamp_min(1e-30))})
+    return table

@@ -1,0 +1,78 @@
+"""Activation observers ModelOpt lacks for FP8 (domain notes §6): their input amax values replace ModelOpt's max
+calibration in the input quantizers.
+
+* a moving average of each call's maximum;
+* the range-shrink observer (Texas Instruments edgeai-tensorlab): a moving average of each call's signed bounds with
+  ``shrink_percent`` percent of each tail dropped;
+* ModelOpt's own histogram calibrator, at a percentile.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from release.config import Calibrator
+from release.recipes.base import finite
+
+
+def tail_quantiles(x: torch.Tensor, q: float) -> torch.Tensor:
+    """The ``q`` and ``1 - q`` quantiles of ``x``'s signed values, ``torch.stack([lo, hi])``.
+
+    The convention is ``torch.quantile``'s default ``'linear'``: of the sorted values ``v``, the rank ``q * (n - 1)``
+    interpolated between its two neighbours (and mirrored from the top for ``1 - q``), the rank in float64 (on a
+    float32 tensor ``torch.quantile`` rounds the rank to float32, off by up to ``n * 2^-24``). ``torch.quantile``
+    refuses more than 2^24 elements, so each tail's neighbours are selected with ``topk`` (its ``floor(rank) + 2``
+    smallest or largest values), which is exact and sorts only the tail.
+    """
+    flat = x.reshape(-1).float()
+    n = flat.numel()
+    rank = q * (n - 1)
+    i = math.floor(rank)
+    bounds = []
+    for largest in (False, True):
+        tail = flat.topk(min(i + 2, n), largest=largest).values  # sorted from the tail's end
+        bounds.append(torch.lerp(tail[i], tail[min(i + 1, n - 1)], rank - i))
+    return torch.stack(bounds)
+
+
+class Observer:
+    """Input amax per quantized Linear from the calibration calls, for calibrators other than ModelOpt's max.
+
+    ``moving_average`` and ``range_shrink`` share one exponential moving average over the calls (the first call
+    initialises it): of each call's max |x|, or of each call's signed bounds after dropping ``shrink_percent`` percent
+    from each tail (Texas Instruments edgeai-tensorlab's range-shrink observer, amax = max(|lo|, |hi|)).
+    """
+
+    def __init__(self, calibrator: Calibrator, names: list[str]) -> None:
+        self.calibrator = calibrator
+        self.names = names
+        self.call = 0
+        self.ema: dict[str, torch.Tensor] = {}
+        self.hist: dict[str, Any] = {}
+
+    def record(self, name: str, x: torch.Tensor) -> None:
+        finite(x, name, self.call)
+        method = self.calibrator.method
+        if method in ("moving_average", "range_shrink"):
+            cur = x.abs().amax().float() if method == "moving_average" \
+                else tail_quantiles(x, self.calibrator.shrink_percent / 100)
+            prev = self.ema.get(name)
+            self.ema[name] = cur if prev is None else prev + self.calibrator.momentum * (cur - prev)
+        elif method == "histogram":
+            from modelopt.torch.quantization.calib import HistogramCalibrator
+
+            if name not in self.hist:
+                self.hist[name] = HistogramCalibrator(num_bits=8, axis=None, unsigned=False)
+            self.hist[name].collect(x.float())
+
+    def amax(self) -> dict[str, torch.Tensor]:
+        if self.calibrator.method in ("moving_average", "range_shrink"):
+            # a max |x| is its own amax; range-shrink bounds give max(|lo|, |hi|)
+            return {n: v.abs().amax() for n, v in self.ema.items()}
+        if self.calibrator.method == "histogram":
+            return {n: c.compute_amax("percentile", percentile=self.calibrator.percentile).float()
+                    for n, c in self.hist.items()}
+        return {}

@@ -1,0 +1,336 @@
+"""The seed's campaign: all 22 builds of the sweep (GPTQ, AWQ, the seed's AutoRound, the per-channel family), the
+tuned AutoRound, verification of recipes that make their own codes, and the replay of a build's own codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from release import ReleaseError
+from release.config import load_build, load_release
+from release.fp8 import dequantize, rowwise_forward
+from tests.conftest import ROOT, invoke
+
+REPO = {name: load_build(name, ROOT / "builds").repo for name in load_release(ROOT / "builds").sweep}
+
+
+def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for shard in sorted((folder / "transformer").glob("*.safetensors")):
+        out.update(load_file(shard))
+    return out
+
+
+def _provenance(folder: Path) -> dict[str, Any]:
+    return dict(json.loads((folder / "provenance.json").read_text()))
+
+
+def _codes_differ(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> int:
+    fp8 = [k for k, v in a.items() if v.dtype == torch.float8_e4m3fn]
+    assert fp8 and all(b[k].dtype == torch.float8_e4m3fn for k in fp8)
+    return sum(int((a[k].view(torch.uint8) != b[k].view(torch.uint8)).sum()) for k in fp8)
+
+
+def test_all_builds_the_sweep_and_every_build_verifies(campaign: Path) -> None:
+    sweep = load_release(ROOT / "builds").sweep
+    assert len(sweep) == 22 and len(set(sweep)) == 22
+    for name in sweep:
+        report = json.loads((campaign / REPO[name] / "verification" / "report.json").read_text())
+        assert report["status"] == "passed", (name, [c for c in report["checks"] if c["status"] != "passed"])
+        loadable = next(c for c in report["checks"] if c["name"] == "loadable")
+        assert loadable["status"] == "passed" and "finite actions [32, 8]" in loadable["summary"]
+    assert sorted(p.name for p in campaign.iterdir()) == sorted(REPO.values())
+    # one calibration set: every build of the sweep records the same calibration data
+    digests = {_provenance(campaign / REPO[n])["calibration"]["sha256"] for n in sweep}
+    assert len(digests) == 1
+
+
+def test_gptq_reconstructs_better_than_rtn_with_rtns_scales(campaign: Path) -> None:
+    """GPTQ's error on calibration data is below round-to-nearest's for every Linear; its weight amax (and, from the
+    same first pass on the same data, its input amax) equal RTN's; about a third of its codes differ."""
+    gptq, rtn = _tensors(campaign / REPO["gptq"]), _tensors(campaign / REPO["rtn"])
+    for key in (k for k in rtn if k.endswith(("weight_quantizer._amax", "input_quantizer._amax"))):
+        assert torch.equal(gptq[key], rtn[key]), key
+    assert 0.1 < _codes_differ(gptq, rtn) / sum(v.numel() for v in rtn.values() if v.dtype == torch.float8_e4m3fn)
+    recipe = _provenance(campaign / REPO["gptq"])["recipe"]
+    assert recipe["changes_weights"] and recipe["max_weight_error"] == 0.25
+    rows = recipe["reconstruction"]
+    assert len(rows) == 28 and all(r["error"] < r["rtn_error"] for r in rows)
+    assert sum(r["error"] for r in rows) < 0.5 * sum(r["rtn_error"] for r in rows)
+    values = next(c for c in json.loads((campaign / REPO["gptq"] / "verification/report.json").read_text())["checks"]
+                  if c["name"] == "values")
+    assert values["details"]["own_codes"] and values["details"]["worst_weight_error"] < 0.25
+    assert "reconstruction error on calibration data" in values["summary"]
+
+
+def test_seed_autoround_keeps_the_codes_and_changes_the_calibration(campaign: Path) -> None:
+    """The seed's AutoRound rows: FP8 codes byte-equal to RTN's and SQ auto's, only input scales differ (the
+    layer-by-layer calibration: the first decoder layer sees the same inputs, the second does not)."""
+    for build, twin in (("autoround", "rtn"), ("sq_auto_autoround", "sq_auto")):
+        ours, theirs = _tensors(campaign / REPO[build]), _tensors(campaign / REPO[twin])
+        assert _codes_differ(ours, theirs) == 0, build
+        inputs = [k for k in ours if k.endswith("input_quantizer._amax")]
+        changed = [k for k in inputs if not torch.equal(ours[k], theirs[k])]
+        assert changed and all(k.startswith("layers.1.") for k in changed), changed
+        for key in ours:
+            if key not in inputs and not key.endswith("input_scale"):
+                assert torch.equal(ours[key].reshape(-1).view(torch.uint8),
+                                   theirs[key].reshape(-1).view(torch.uint8)), key
+        prov, twin_prov = _provenance(campaign / REPO[build]), _provenance(campaign / REPO[twin])
+        assert prov["fp8"]["codes_sha256"] == twin_prov["fp8"]["codes_sha256"]
+        assert prov["recipe"]["layerwise_calibration"] and not prov["recipe"]["changes_weights"]
+
+
+def test_per_channel_scales_and_codes(campaign: Path, tiny: Path) -> None:
+    """(out, 1) weight scales, no static input scales, codes = w / (rowmax / 448); the config names the scheme."""
+    built = _tensors(campaign / REPO["pc_rtn"])
+    source: dict[str, torch.Tensor] = {}
+    for shard in sorted((tiny / "source/transformer").glob("*.safetensors")):
+        source.update(load_file(shard))
+    fp8 = [k for k, v in built.items() if v.dtype == torch.float8_e4m3fn]
+    assert len(fp8) == 28
+    for key in fp8:
+        linear = key.removesuffix(".weight")
+        out = built[key].shape[0]
+        for suffix in ("weight_scale", "weight_quantizer._amax", "weight_quantizer._scale"):
+            assert built[f"{linear}.{suffix}"].shape == (out, 1), (linear, suffix)
+        assert f"{linear}.input_scale" not in built and f"{linear}.input_quantizer._amax" not in built
+        w = source[key]
+        rowmax = w.abs().amax(dim=1, keepdim=True)
+        expected = (w / (rowmax / 448)).to(torch.float8_e4m3fn)
+        assert torch.equal(expected.view(torch.uint8), built[key].view(torch.uint8)), key
+    qc = json.loads((campaign / REPO["pc_rtn"] / "transformer/config.json").read_text())["quantization_config"]
+    assert qc["quant_algo"] == "FP8_PER_CHANNEL_PER_TOKEN"
+    assert qc["config_groups"]["group_0"]["weights"]["strategy"] == "channel"
+    assert not load_build("pc_rtn").deliverable
+
+
+def test_per_channel_verification_names_the_scheme(campaign: Path) -> None:
+    report = json.loads((campaign / REPO["pc_gptq"] / "verification/report.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    assert "per-channel scheme" in checks["quantization_config"]["summary"]
+    assert "set by the per-channel scheme" in checks["modelopt_state"]["summary"]
+    assert checks["modelopt_state"]["details"]["counts"]["modelopt_state.pth"]["differ"] == 0
+    assert "row-wise FP8 kernel" in checks["loadable"]["summary"]
+    assert checks["values"]["details"]["own_codes"]
+
+
+def test_awq_exports_no_key_that_rtn_lacks(campaign: Path) -> None:
+    awq, rtn = _tensors(campaign / REPO["awq"]), _tensors(campaign / REPO["rtn"])
+    assert awq.keys() == rtn.keys()
+    assert all(awq[k].shape == rtn[k].shape and awq[k].dtype == rtn[k].dtype for k in rtn)
+    assert not [k for k in awq if "pre_quant_scale" in k]
+    folded = [k for k in awq if "layernorm" in k and not torch.equal(awq[k], rtn[k])]
+    assert folded, "AWQ folds its scales into the norms"
+    table = _provenance(campaign / REPO["awq"])["recipe"]["alpha_table"]
+    assert len(table) == 12 and {row["alpha"] for row in table} <= {i / 20 for i in range(20)}
+    assert (campaign / REPO["awq"] / "smoothing_scales.safetensors").is_file()
+
+
+def test_build_files_travel_with_the_checkpoint(campaign: Path) -> None:
+    folder = campaign / REPO["sq_auto_gptq"]
+    assert (folder / "builds/sq_auto_gptq.yaml").read_bytes() == (ROOT / "builds/sq_auto_gptq.yaml").read_bytes()
+    assert (folder / "builds/release.yaml").read_bytes() == (ROOT / "builds/release.yaml").read_bytes()
+    manifest = json.loads((folder / "verification/report.json").read_text())["manifest"]
+    assert "builds/sq_auto_gptq.yaml" in manifest
+
+
+def test_fakequant_replays_the_builds_own_codes(campaign: Path, tiny: Path) -> None:
+    """A GPTQ build's fake-quant model holds its own dequantized codes, not a re-rounding of the source."""
+    from release.evaluate import fakequant_transformer
+    from release.recipes import quantized_linears
+
+    folder = campaign / REPO["gptq"]
+    built = _tensors(folder)
+    model = fakequant_transformer(tiny / "source", folder, load_build("gptq"))
+    names = quantized_linears(model)
+    assert len(names) == 28
+    for name in names:
+        module: Any = model.get_submodule(name)
+        codes, scale = built[f"{name}.weight"], built[f"{name}.weight_quantizer._scale"]
+        own = dequantize(codes, scale).to(torch.bfloat16)
+        assert torch.equal(module.weight.detach(), own), name
+        replayed = module.weight_quantizer(module.weight.detach()).float()  # ModelOpt's fake quantization
+        recoded = (replayed / (module.weight_quantizer.amax.float() / 448)).to(torch.float8_e4m3fn)
+        assert torch.equal(recoded.view(torch.uint8), codes.view(torch.uint8)), name  # onto its own codes again
+
+
+def test_rowwise_emulation_is_the_per_token_arithmetic() -> None:
+    """The per-channel deployed kernel's CPU emulation equals its definition where the arithmetic is exact: inputs
+    whose per-token quotients round back to small integer codes, K of one 32-product step (exact sums); a per-tensor
+    input scale would give other codes for the rows of small scale."""
+    torch.manual_seed(0)
+    out_features, k, tokens = 8, 32, 5
+    codes = torch.randint(-4, 5, (out_features, k)).float().to(torch.float8_e4m3fn)
+    scale_w = torch.rand(out_features, 1) + 0.5
+
+    class Linear(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(codes, requires_grad=False)
+            self.bias = None
+            self.weight_quantizer = type("Q", (), {"amax": scale_w * 448})()
+
+    x_codes = torch.randint(-6, 7, (tokens, k)).float()
+    x_codes[:, 0] = 448  # each row's amax is 448 codes: the per-token scale is its row scale exactly
+    row_scale = torch.tensor([[0.3], [1.7], [2.9], [0.11], [5.3]])
+    x = (x_codes * row_scale).to(torch.bfloat16)
+    out = rowwise_forward(Linear(), x, emulate=True)
+    reciprocal = torch.tensor(1 / 448, dtype=torch.float32)
+    scale_a = x.float().abs().amax(dim=-1, keepdim=True) * reciprocal  # per token: its amax / 448 in fp32
+    scale_b = (scale_w * 448).reshape(1, -1) * reciprocal  # per output channel: amax_w / 448
+    # the kernel's epilogue order, measured on an H200: (acc * weight scale) * input scale; sums below 2^12: exact
+    expected = ((x_codes @ codes.float().T) * scale_b * scale_a).to(torch.bfloat16)
+    assert torch.equal(out, expected)
+    one_scale = x.float().abs().max() * reciprocal  # a per-tensor input scale rounds the small rows away
+    per_tensor = (x.float() / one_scale).to(torch.float8_e4m3fn).float() @ codes.float().T * one_scale * scale_b
+    assert not torch.equal(out, per_tensor.to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+def test_rowwise_kernel_equals_the_emulation_on_a_gpu() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (the row-wise torch._scaled_mm)")
+    torch.manual_seed(0)
+    module = torch.nn.Linear(256, 128, bias=True).cuda().to(torch.bfloat16)
+    amax = module.weight.detach().float().abs().amax(dim=1, keepdim=True)
+    module.weight.data = (module.weight.detach().float() / (amax / 448)).to(torch.float8_e4m3fn)  # type: ignore[assignment]
+    module.weight_quantizer = type("Q", (), {"amax": amax})()  # type: ignore[assignment]
+    x = torch.randn(64, 256, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(rowwise_forward(module, x, emulate=False), rowwise_forward(module, x, emulate=True))
+
+
+@pytest.fixture
+def campaign_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    d = tmp_path / "builds"
+    shutil.copytree(ROOT / "builds", d)
+    monkeypatch.setenv("RELEASE_BUILDS", str(d))
+    return d
+
+
+def _variant(builds: Path, base: str, name: str, edits: list[tuple[str, str]]) -> None:
+    text = (builds / f"{base}.yaml").read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    text = text.replace(f"name: {base}\n", f"name: {name}\n").replace(
+        f"repo: {load_build(base, ROOT / 'builds').repo}\n", f"repo: Variant-{name}\n")
+    (builds / f"{name}.yaml").write_text(text)
+
+
+def test_observers_record_one_of_gptqs_two_passes(campaign: Path, campaign_builds: Path, tiny: Path,
+                                                  tmp_path: Path) -> None:
+    """GPTQ runs the forward loop twice (scales, then Hessians); a moving-average observer beside it records the
+    first pass only, so its input scales equal the plain moving-average build's (two passes would move the EMA)."""
+    _variant(campaign_builds, "gptq", "gptq_mavg", [("method: max", "method: moving_average\n  momentum: 0.01")])
+    result = invoke("build", "gptq_mavg", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 0, result.output
+    ours, mavg = _tensors(tmp_path / "dist/Variant-gptq_mavg"), _tensors(campaign / REPO["rtn_mavg"])
+    inputs = [k for k in mavg if k.endswith("input_quantizer._amax")]
+    assert all(torch.equal(ours[k], mavg[k]) for k in inputs)
+
+
+def test_layerwise_gptq_runs_on_the_registered_decoder_layers(campaign: Path, campaign_builds: Path, tiny: Path,
+                                                             tmp_path: Path) -> None:
+    """ModelOpt's layer-by-layer GPTQ on a diffusers model (it finds the Cosmos3 decoder layers only once they are
+    registered): it verifies, reconstructs better than RTN, and differs from the one-pass GPTQ."""
+    _variant(campaign_builds, "gptq", "gptq_layerwise", [("layerwise: false", "layerwise: true")])
+    result = invoke("build", "gptq_layerwise", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "dist/Variant-gptq_layerwise"
+    rows = _provenance(folder)["recipe"]["reconstruction"]
+    assert sum(r["error"] for r in rows) < sum(r["rtn_error"] for r in rows)
+    assert _codes_differ(_tensors(folder), _tensors(campaign / REPO["gptq"])) > 0
+
+
+def test_tuned_autoround_moves_the_codes(campaign: Path, campaign_builds: Path, tiny: Path, tmp_path: Path) -> None:
+    """auto-round's FP8 tuning (the 'autoround' extra), shortened to 10 steps: the codes differ from RTN's, the weight
+    scales shrink, the build verifies against its stated bound."""
+    pytest.importorskip("auto_round", reason="the 'autoround' extra is not installed")
+    path = campaign_builds / "autoround_tuned.yaml"
+    path.write_text(path.read_text().replace("iters: 200", "iters: 10"))
+    result = invoke("build", "autoround_tuned", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 0, result.output
+    folder = tmp_path / "dist" / load_build("autoround_tuned").repo
+    tuned, rtn = _tensors(folder), _tensors(campaign / REPO["rtn"])
+    assert _codes_differ(tuned, rtn) > 1000
+    amax = [k for k in rtn if k.endswith("weight_quantizer._amax")]
+    assert sum(bool(tuned[k] < rtn[k]) for k in amax) > len(amax) // 2  # the tuned clipping shrinks most scales
+    recipe = _provenance(folder)["recipe"]
+    assert recipe["changes_weights"] and recipe["max_weight_error"] == 0.15
+    result = invoke("verify", "autoround_tuned", "--dist", tmp_path / "dist", "--reference", campaign / REPO["rtn"],
+                    "--source", tiny / "source", "--observations", tiny / "observations")
+    assert result.exit_code == 0, result.output
+    assert json.loads((folder / "verification/report.json").read_text())["status"] == "passed"
+
+
+def test_tuned_autoround_without_the_extra_names_it(campaign_builds: Path, tiny: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "auto_round", None)  # import auto_round raises ImportError
+    result = invoke("build", "autoround_tuned", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 2, result.output
+    assert "needs the auto-round library, the 'autoround' extra: pip install 'release[autoround]'" in result.output
+    assert not (tmp_path / "dist").exists()
+
+
+def test_weight_changing_recipe_outside_its_bound_fails_verification(campaign: Path, tmp_path: Path,
+                                                                     tiny: Path) -> None:
+    """A GPTQ build's codes are its own, so verification cannot recompute them; it holds the dequantized weight to
+    the recipe's bound instead: codes pushed far from the source fail by tensor."""
+    from safetensors.torch import save_file
+
+    dist = tmp_path / "dist"
+    for name in ("rtn", "gptq"):
+        shutil.copytree(campaign / REPO[name], dist / REPO[name])
+    index = json.loads((dist / REPO["gptq"] / "transformer/diffusion_pytorch_model.safetensors.index.json").read_text())
+    key = "layers.0.mlp.up_proj.weight"
+    shard = dist / REPO["gptq"] / "transformer" / index["weight_map"][key]
+    tensors = load_file(shard)
+    tensors[key] = (-tensors[key].float()).to(torch.float8_e4m3fn)  # every code's sign flipped
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    result = invoke("verify", "gptq", "--dist", dist, "--source", tiny / "source", "--observations",
+                    tiny / "observations")
+    assert result.exit_code == 1
+    values = next(c for c in json.loads((dist / REPO["gptq"] / "verification/report.json").read_text())["checks"]
+                  if c["name"] == "values")
+    assert values["status"] == "failed"
+    assert f"tensor {key}: dequantizes" in values["summary"] and "more than the recipe's 0.25" in values["summary"]
+
+
+@pytest.mark.parametrize(("build", "edits", "message"), [
+    ("autoround", [("method: max", "method: moving_average")], "cannot follow layer-by-layer calibration"),
+    ("pc_rtn", [("method: max", "method: histogram")], "quantizes activations per token at run time"),
+    ("pc_rtn", [("delivered: false", "delivered: true")], "'delivered: true' with 'deliverable: false'"),
+    ("gptq", [("recipe: [gptq]", "recipe: [gptq, autoround]")], "at most one smoothing step"),
+    ("awq", [("recipe: [awq]", "recipe: [awq, gptq]"), ("algorithm_calls: 32", "algorithm_calls: 0")],
+     "needs algorithm_calls >= 1"),
+    ("gptq", [("  layerwise: false", "  layerwise: maybe")], "field 'gptq.layerwise'"),
+])
+def test_recipe_combinations_are_validated(campaign_builds: Path, build: str, edits: list[tuple[str, str]],
+                                           message: str) -> None:
+    path = campaign_builds / f"{build}.yaml"
+    text = path.read_text()
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
+    path.write_text(text)
+    with pytest.raises(ReleaseError, match=message):
+        load_build(build)
+
+
+def test_push_refuses_an_undeliverable_build(campaign: Path, tmp_path: Path) -> None:
+    result = invoke("push", "pc_rtn", "--dist", campaign, "--target", tmp_path / "hub", "--dry-run")
+    assert result.exit_code == 1
+    assert "marks 'pc_rtn' 'deliverable: false'" in result.output and not (tmp_path / "hub").exists()
