@@ -3,7 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
-BUILDS := rtn sq_auto rtn_mavg
+# The deployed path for the seed's served five: the delivered builds, SQ auto + GPTQ and SQ auto + AutoRound.
+SERVED := rtn sq_auto rtn_mavg sq_auto_gptq sq_auto_autoround
 EVAL_ARGS = --dist $(DEMO)/dist --source $(DEMO)/fixture/source --observations $(DEMO)/fixture/observations
 
 .PHONY: demo test lint venv clean i18n
@@ -23,10 +24,10 @@ venv: $(VENV)/.installed
 demo: venv
 	rm -rf $(DEMO)
 	$(BIN)/release fixture tiny --out $(DEMO)/fixture
-	$(BIN)/release build $(BUILDS) --source $(DEMO)/fixture/source --observations $(DEMO)/fixture/observations --out $(DEMO)/dist
-	$(BIN)/release eval $(BUILDS) --path fakequant --split calibration $(EVAL_ARGS) --yardsticks
-	$(BIN)/release eval $(BUILDS) --path deployed --split calibration $(EVAL_ARGS)
-	$(BIN)/release eval $(BUILDS) --path deployed --split validation $(EVAL_ARGS) --yardsticks
+	$(BIN)/release build --all --source $(DEMO)/fixture/source --observations $(DEMO)/fixture/observations --out $(DEMO)/dist
+	$(BIN)/release eval --all --path fakequant --split calibration $(EVAL_ARGS) --yardsticks
+	$(BIN)/release eval --all --path fakequant --split validation $(EVAL_ARGS)
+	$(BIN)/release eval $(SERVED) --path deployed --split validation $(EVAL_ARGS) --yardsticks
 	$(BIN)/release tables --dist $(DEMO)/dist
 	$(BIN)/release select --dist $(DEMO)/dist
 	$(BIN)/release card --dist $(DEMO)/dist --lang en,ko

@@ -1,6 +1,7 @@
 """CPU and wall time of the tiny end-to-end path: fixture, cold build (captures calibration), warm build.
 
 Usage: .venv/bin/python bench/build_time.py [BUILD ...]   (default: every build in builds/)
+       .venv/bin/python bench/build_time.py --all         (release build --all, cold then warm, each verified)
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def run() -> None:
         print("| step | wall (s) | CPU (s) |\n|---|---:|---:|")
         timed("fixture tiny", ["fixture", "tiny", "--out", str(root / "fx")])
         common = ["--source", str(root / "fx/source"), "--observations", str(root / "fx/observations")]
+        if builds == ["--all"]:
+            timed("build --all (cold: captures 256 calls; 22 builds, each verified)",
+                  ["build", "--all", *common, "--out", str(root / "d1")])
+            timed("build --all (warm calibration cache; 22 builds, each verified)",
+                  ["build", "--all", *common, "--out", str(root / "d2")])
+            return
         timed(f"build {builds[0]} (cold: captures 256 calls)", ["build", builds[0], *common, "--out", str(root / "d1")])
         for name in builds:
             timed(f"build {name} (warm calibration cache)", ["build", name, *common, "--out", str(root / "d2")])

@@ -478,19 +478,28 @@ def _same_codes_notes(rows: list[dict[str, Any]], provenances: dict[str, dict[st
     input scales: say so, with how many of those differ (the seed's AutoRound rows)."""
     notes = []
     titles = {r["build"]: r["title"] for r in rows}
+
+    def steps(p: dict[str, Any]) -> set[str]:
+        return set(p.get("recipe", {}).get("steps", [])) - {"rtn"}
+
     for build in titles:
         mine = provenances.get(build, {})
         codes = mine.get("fp8", {}).get("codes_sha256")
-        steps = mine.get("recipe", {}).get("steps", [])
-        twins = [b for b, p in provenances.items() if b != build and codes and p.get("fp8", {}).get("codes_sha256")
-                 == codes and len(p.get("recipe", {}).get("steps", [])) < len(steps)]
+        # the build it extends: the same codes and calibrator, a strict subset of its steps (the most of them)
+        twins = sorted((b for b, p in provenances.items() if b != build and codes
+                        and p.get("fp8", {}).get("codes_sha256") == codes and steps(p) < steps(mine)
+                        and p.get("recipe", {}).get("observer") == mine.get("recipe", {}).get("observer")),
+                       key=lambda b: -len(steps(provenances[b])))
         for twin in twins[:1]:
             ours, theirs = mine["fp8"].get("input_amax", {}), provenances[twin]["fp8"].get("input_amax", {})
             differ = sum(ours[k] != theirs.get(k) for k in ours)
-            notes.append(t(_("The FP8 codes of {build} are byte-equal to those of {twin} (all {n} codes); the two "
-                             "differ only in their input scales ({k} of {m} differ), so the gap between their rows "
-                             "is the activation calibration's.")).format(
-                build=titles[build], twin=titles.get(twin, provenances[twin].get("build", twin)),
+            text = _("The FP8 codes of {build} are byte-equal to those of {twin} (all {n} codes); the two differ only "
+                     "in their input scales ({k} of {m} differ), so the gap between their rows is the activation "
+                     "calibration's.") if ours else \
+                _("{build} quantizes exactly as {twin}: byte-equal FP8 codes (all {n}) and no static input scales "
+                  "(the scheme computes them per token).")
+            notes.append(t(text).format(
+                build=titles[build], twin=titles.get(twin) or load_build(twin).title,
                 n=format_decimal(mine["fp8"].get("codes", 0), locale=f.lang), k=differ, m=len(ours)))
     return notes
 
@@ -639,8 +648,9 @@ def decision_rows(records: list[dict[str, Any]], release: ReleaseConfig, baselin
                     paths=paths(rows), best=best["title"], a=f.num(other["overall_sigma"]),
                     b=f.num(best["overall_sigma"]), where=_where(other["path"], other["split"], t))
             else:
-                text = t(_("passes the gate on every evaluated path ({paths}) with the lowest error on {where}; "
-                           "not delivered")).format(paths=paths(rows), where=_where(other["path"], other["split"], t))
+                text = t(_("passes the gate on every evaluated path ({paths}) and has a lower error than every "
+                           "delivered build on {where}; not delivered")).format(
+                    paths=paths(rows), where=_where(other["path"], other["split"], t))
         out.append({"item": str(titles[b]), "content": text})
     heldout = [r for r in measured if r["split"] == "validation"]
     labs = ", ".join(release.heldout_labs)
@@ -659,7 +669,7 @@ def constraint_lines(records: list[dict[str, Any]], selection: SelectionDoc | No
                        "data and the selection come from those observations.")))
     if any(scheme_of(r) == PER_CHANNEL for r in measured):
         out.append(t(_("The per-channel builds are exploratory: they are not deliverable in the current format "
-                       "(section 3).")))
+                       "(see their fake-quant tables).")))
     if not any(r["path"] == "served" for r in measured):
         out.append(t(_("No policy-server results were imported: the deployed rows are diffusers with ModelOpt's FP8 "
                        "GEMM (or its exact emulation on a CPU), not NVIDIA's policy server.")))
@@ -680,7 +690,8 @@ def reproduction(records: list[dict[str, Any]], release: ReleaseConfig, build: B
         group = _sweep_order(release, {r["build"] for r in _group(records, path, split)})
         extra = " --yardsticks" if split in yardstick_splits else ""
         yardstick_splits.discard(split)
-        lines.append(f"release eval {' '.join(group)} --path {path} --split {split} {data}{extra}")
+        which = "--all" if release.sweep and group == list(release.sweep) else " ".join(group)
+        lines.append(f"release eval {which} --path {path} --split {split} {data}{extra}")
     lines += [f"release import-served {b} {b}-served.npz" for b in
               _sweep_order(release, {r["build"] for r in measured if r["path"] == "served"})]
     lines += ["release tables", *(["release select"] if selection else []), f"release card --lang {','.join(langs)}"]

@@ -113,7 +113,8 @@ def verify(names: tuple[str, ...], dist: Path, reference: Path | None, source: P
 
 
 @main.command("eval")
-@click.argument("names", nargs=-1, required=True)
+@click.argument("names", nargs=-1)
+@click.option("--all", "all_builds", is_flag=True, help="Evaluate the sweep of builds/release.yaml (as build --all).")
 @click.option("--path", "path_", type=click.Choice(["fakequant", "deployed"]), default="fakequant", show_default=True)
 @click.option("--split", type=click.Choice(["calibration", "validation", "all"]), default="calibration",
               show_default=True)
@@ -121,12 +122,13 @@ def verify(names: tuple[str, ...], dist: Path, reference: Path | None, source: P
 @click.option("--source", type=click.Path(path_type=Path), default=None)
 @click.option("--observations", type=click.Path(path_type=Path), default=None)
 @click.option("--yardsticks", is_flag=True, help="Also BF16 eager vs torch.compile and seed vs seed.")
-def eval_(names: tuple[str, ...], path_: str, split: str, dist: Path, source: Path | None,
+def eval_(names: tuple[str, ...], all_builds: bool, path_: str, split: str, dist: Path, source: Path | None,
           observations: Path | None, yardsticks: bool) -> None:
     """Replay the policy for BF16 and each build on the same seeds; store the action chunks."""
     from release.evaluate import EvalRequest, describe, run_eval
 
-    for out in run_eval(EvalRequest.create(names, path_, split, dist, source, observations, yardsticks)):
+    request = EvalRequest.create(names, path_, split, dist, source, observations, yardsticks, all_builds)
+    for out in run_eval(request):
         click.echo(f"results: {out} ({describe(out)})")
 
 

@@ -49,13 +49,18 @@ class EvalRequest:
 
     @classmethod
     def create(cls, names: tuple[str, ...], path: str, split: str, dist: Path, source: Path | None,
-               observations: Path | None, yardsticks: bool) -> EvalRequest:
+               observations: Path | None, yardsticks: bool, all_builds: bool = False) -> EvalRequest:
         import os
 
         from release.build import CACHE_ENV
+        from release.config import available_builds
 
         release = load_release()
-        builds = [load_build(n) for n in names]
+        if all_builds:
+            names = tuple(release.sweep or available_builds())
+        if not names:
+            raise ReleaseError(f"name at least one build ({', '.join(available_builds())}) or pass --all")
+        builds = [load_build(n) for n in dict.fromkeys(names)]
         for b in builds:
             if not (dist / b.repo).is_dir():
                 raise ReleaseError(f"{dist / b.repo}: missing; run 'release build {b.name}' first")

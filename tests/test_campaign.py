@@ -206,14 +206,6 @@ def test_rowwise_kernel_equals_the_emulation_on_a_gpu() -> None:
     assert torch.equal(rowwise_forward(module, x, emulate=False), rowwise_forward(module, x, emulate=True))
 
 
-@pytest.fixture
-def campaign_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    d = tmp_path / "builds"
-    shutil.copytree(ROOT / "builds", d)
-    monkeypatch.setenv("RELEASE_BUILDS", str(d))
-    return d
-
-
 def _variant(builds: Path, base: str, name: str, edits: list[tuple[str, str]]) -> None:
     text = (builds / f"{base}.yaml").read_text()
     for old, new in edits:
@@ -224,11 +216,11 @@ def _variant(builds: Path, base: str, name: str, edits: list[tuple[str, str]]) -
     (builds / f"{name}.yaml").write_text(text)
 
 
-def test_observers_record_one_of_gptqs_two_passes(campaign: Path, campaign_builds: Path, tiny: Path,
+def test_observers_record_one_of_gptqs_two_passes(campaign: Path, builds: Path, tiny: Path,
                                                   tmp_path: Path) -> None:
     """GPTQ runs the forward loop twice (scales, then Hessians); a moving-average observer beside it records the
     first pass only, so its input scales equal the plain moving-average build's (two passes would move the EMA)."""
-    _variant(campaign_builds, "gptq", "gptq_mavg", [("method: max", "method: moving_average\n  momentum: 0.01")])
+    _variant(builds, "gptq", "gptq_mavg", [("method: max", "method: moving_average\n  momentum: 0.01")])
     result = invoke("build", "gptq_mavg", "--source", tiny / "source", "--observations", tiny / "observations",
                     "--out", tmp_path / "dist")
     assert result.exit_code == 0, result.output
@@ -237,11 +229,11 @@ def test_observers_record_one_of_gptqs_two_passes(campaign: Path, campaign_build
     assert all(torch.equal(ours[k], mavg[k]) for k in inputs)
 
 
-def test_layerwise_gptq_runs_on_the_registered_decoder_layers(campaign: Path, campaign_builds: Path, tiny: Path,
+def test_layerwise_gptq_runs_on_the_registered_decoder_layers(campaign: Path, builds: Path, tiny: Path,
                                                              tmp_path: Path) -> None:
     """ModelOpt's layer-by-layer GPTQ on a diffusers model (it finds the Cosmos3 decoder layers only once they are
     registered): it verifies, reconstructs better than RTN, and differs from the one-pass GPTQ."""
-    _variant(campaign_builds, "gptq", "gptq_layerwise", [("layerwise: false", "layerwise: true")])
+    _variant(builds, "gptq", "gptq_layerwise", [("layerwise: false", "layerwise: true")])
     result = invoke("build", "gptq_layerwise", "--source", tiny / "source", "--observations", tiny / "observations",
                     "--out", tmp_path / "dist")
     assert result.exit_code == 0, result.output
@@ -251,11 +243,11 @@ def test_layerwise_gptq_runs_on_the_registered_decoder_layers(campaign: Path, ca
     assert _codes_differ(_tensors(folder), _tensors(campaign / REPO["gptq"])) > 0
 
 
-def test_tuned_autoround_moves_the_codes(campaign: Path, campaign_builds: Path, tiny: Path, tmp_path: Path) -> None:
+def test_tuned_autoround_moves_the_codes(campaign: Path, builds: Path, tiny: Path, tmp_path: Path) -> None:
     """auto-round's FP8 tuning (the 'autoround' extra), shortened to 10 steps: the codes differ from RTN's, the weight
     scales shrink, the build verifies against its stated bound."""
     pytest.importorskip("auto_round", reason="the 'autoround' extra is not installed")
-    path = campaign_builds / "autoround_tuned.yaml"
+    path = builds / "autoround_tuned.yaml"
     path.write_text(path.read_text().replace("iters: 200", "iters: 10"))
     result = invoke("build", "autoround_tuned", "--source", tiny / "source", "--observations", tiny / "observations",
                     "--out", tmp_path / "dist")
@@ -273,7 +265,7 @@ def test_tuned_autoround_moves_the_codes(campaign: Path, campaign_builds: Path, 
     assert json.loads((folder / "verification/report.json").read_text())["status"] == "passed"
 
 
-def test_tuned_autoround_without_the_extra_names_it(campaign_builds: Path, tiny: Path, tmp_path: Path,
+def test_tuned_autoround_without_the_extra_names_it(builds: Path, tiny: Path, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
@@ -318,9 +310,9 @@ def test_weight_changing_recipe_outside_its_bound_fails_verification(campaign: P
      "needs algorithm_calls >= 1"),
     ("gptq", [("  layerwise: false", "  layerwise: maybe")], "field 'gptq.layerwise'"),
 ])
-def test_recipe_combinations_are_validated(campaign_builds: Path, build: str, edits: list[tuple[str, str]],
+def test_recipe_combinations_are_validated(builds: Path, build: str, edits: list[tuple[str, str]],
                                            message: str) -> None:
-    path = campaign_builds / f"{build}.yaml"
+    path = builds / f"{build}.yaml"
     text = path.read_text()
     for old, new in edits:
         assert old in text, old
@@ -334,3 +326,25 @@ def test_push_refuses_an_undeliverable_build(campaign: Path, tmp_path: Path) -> 
     result = invoke("push", "pc_rtn", "--dist", campaign, "--target", tmp_path / "hub", "--dry-run")
     assert result.exit_code == 1
     assert "marks 'pc_rtn' 'deliverable: false'" in result.output and not (tmp_path / "hub").exists()
+
+
+def test_the_card_says_which_builds_share_their_codes(campaign: Path) -> None:
+    """The seed's AutoRound note, from the builds' provenance: byte-equal codes, how many input scales differ; and the
+    per-channel AutoRound, which quantizes exactly as per-channel RTN (no static input scales at all)."""
+    from release.card import Formatter, _same_codes_notes, sweep_provenances, translations
+
+    provenances = sweep_provenances(campaign)
+    assert set(provenances) == set(REPO)
+    titles = {n: load_build(n).title for n in REPO}
+    rows = [{"build": n, "title": titles[n]} for n in ("rtn", "autoround", "sq_auto", "sq_auto_autoround", "gptq")]
+    notes = _same_codes_notes(rows, provenances, Formatter("en"), translations("en").gettext)
+    assert notes == [
+        f"The FP8 codes of {titles['autoround']} are byte-equal to those of {titles['rtn']} (all 147,456 codes); the "
+        "two differ only in their input scales (5 of 28 differ), so the gap between their rows is the activation "
+        "calibration's.",
+        f"The FP8 codes of {titles['sq_auto_autoround']} are byte-equal to those of {titles['sq_auto']} (all 147,456 "
+        "codes); the two differ only in their input scales (5 of 28 differ), so the gap between their rows is the "
+        "activation calibration's."]
+    pc = [{"build": n, "title": titles[n]} for n in ("pc_rtn", "pc_autoround", "pc_gptq")]
+    [note] = _same_codes_notes(pc, provenances, Formatter("ko"), translations("ko").gettext)
+    assert note.startswith(f"{titles['pc_autoround']}는 {titles['pc_rtn']}와 똑같이 양자화됩니다.")
