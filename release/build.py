@@ -18,7 +18,14 @@ from release import ReleaseError, __version__
 from release.config import BuildConfig, ReleaseConfig, available_builds, builds_dir, load_build, load_release
 from release.io import atomic_dir, build_date, output_folder, sha256_file, write_json
 from release.observations import Observation, load_observations, split
-from release.source import SourceModel, check_architecture, resolve_source, source_revision
+from release.source import (
+    Revision,
+    SourceModel,
+    check_architecture,
+    check_revision,
+    resolve_source,
+    source_identity,
+)
 
 OBSERVATIONS_ENV = "RELEASE_OBSERVATIONS"
 CACHE_ENV = "RELEASE_CACHE"
@@ -33,10 +40,11 @@ class BuildRequest:
     observations: Path
     out: Path
     cache: Path
+    identity: Revision
 
     @classmethod
-    def create(cls, names: tuple[str, ...], all_builds: bool, source: Path | None, observations: Path | None,
-               out: Path) -> BuildRequest:
+    def create(cls, names: tuple[str, ...], all_builds: bool, source: str | Path | None,
+               observations: Path | None, out: Path, allow_revision_mismatch: bool = False) -> BuildRequest:
         release = load_release()
         if all_builds:
             names = tuple(release.sweep or available_builds())
@@ -44,6 +52,8 @@ class BuildRequest:
             raise ReleaseError(f"name at least one build ({', '.join(available_builds())}) or pass --all")
         builds = [load_build(n) for n in dict.fromkeys(names)]
         src = resolve_source(release, source)
+        identity = source_identity(src)
+        check_revision(release, identity, allow_revision_mismatch)  # before any work
         if observations is None:
             observations = Path(os.environ[OBSERVATIONS_ENV]) if os.environ.get(OBSERVATIONS_ENV) else None
         if observations is None:
@@ -53,7 +63,7 @@ class BuildRequest:
                 f"observation set {observations} not found; pass --observations DIR or set {OBSERVATIONS_ENV}"
             )
         cache = Path(os.environ.get(CACHE_ENV, ".cache/release"))
-        return cls(release, builds, src, observations, output_folder(out), cache)
+        return cls(release, builds, src, observations, output_folder(out), cache, identity)
 
 
 def _progress() -> Progress:
@@ -190,7 +200,7 @@ def run_builds(request: BuildRequest) -> bool:
     from release.recipes import changes_weights, max_weight_error, quantize, steps
 
     config = check_architecture(request.source)
-    revision = source_revision(request.source)
+    revision = request.identity.revision
     everything = load_observations(request.observations)
     calibration = split(everything, request.release.calibration_labs)
     if not calibration:
@@ -230,7 +240,10 @@ def run_builds(request: BuildRequest) -> bool:
                         "max_weight_error": max_weight_error(build),
                         "reconstruction": quantized.reconstruction,
                     },
-                    "source": {"repo": request.release.base_model, "revision": revision,
+                    "source": {"repo": request.identity.repo or request.release.base_model, "revision": revision,
+                               "origin": request.identity.origin, "base_revision": request.release.base_revision,
+                               "revision_mismatch": request.identity.is_commit
+                               and revision != request.release.base_revision,
                                "architecture": {k: config[k] for k in ("hidden_size", "num_hidden_layers")}},
                     "tool": {"name": "release", "version": __version__, "commit": _git_commit()},
                     "versions": {"modelopt": modelopt.__version__, "torch": torch.__version__,

@@ -28,18 +28,18 @@ from babel.numbers import format_decimal, format_percent
 from babel.support import NullTranslations, Translations
 from huggingface_hub import ModelCard, ModelCardData
 
-from release import ReleaseError
+from release import ReleaseError, data_path
 from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
 from release.io import atomic_write, read_json
 from release.select import TABLES, Candidate, SelectionDoc, read_selection, read_tables_doc
 from release.stats import min_observations
 
-ROOT = Path(__file__).resolve().parent.parent
 # what the card reads from provenance.json ('release build')
 PROVENANCE_FIELDS = ("source", "tool", "versions", "device", "calibration", "config_sha256", "quantized_linears",
                      "date")
-TEMPLATES = ROOT / "templates"
-LOCALES = ROOT / "locales"
+TEMPLATES = data_path("templates")
+LOCALES = data_path("locales")
+ROOT = TEMPLATES.parent  # template names in errors are relative to it
 SOURCE_LANG = "en"
 LICENSE_TEXT = "OpenMDW License 1.1: see {link}\n"
 
@@ -769,13 +769,35 @@ def comparison_context(release: ReleaseConfig, build: BuildConfig, prov: dict[st
     }
 
 
+def _use_hangul_font() -> None:
+    """Register the NanumGothic files koreanize-matplotlib ships and make it the font family.
+
+    Importing ``koreanize_matplotlib`` does the same but imports ``distutils``, which Python 3.12 removed,
+    so only its font folder is used.
+    """
+    from importlib.util import find_spec
+
+    from matplotlib import font_manager, rcParams
+
+    spec = find_spec("koreanize_matplotlib")
+    if spec is None or not spec.submodule_search_locations:
+        raise ReleaseError("the card's plot needs the NanumGothic font of koreanize-matplotlib: "
+                           "pip install 'koreanize-matplotlib>=0.1.1,<0.2'")
+    fonts = Path(next(iter(spec.submodule_search_locations))) / "fonts"
+    for ttf in sorted(fonts.glob("*.ttf")):
+        font_manager.fontManager.addfont(str(ttf))
+    rcParams["font.family"] = "NanumGothic"
+    rcParams["axes.unicode_minus"] = False
+
+
 def forest_plot(records: list[dict[str, Any]], gate_sigma: float, lang: str, out: Path) -> None:
     """Overall sigma with 95% interval per build and path, the gate as a line, labelled in ``lang``."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import koreanize_matplotlib  # noqa: F401  (NanumGothic for Hangul labels)
     import matplotlib.pyplot as plt
+
+    _use_hangul_font()
 
     t = translations(lang).gettext
     rows = [r for r in records if r["path"] != "yardstick"]
@@ -903,13 +925,23 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
     languages_line = " | ".join(
         f"[{code}]({'README.md' if code == langs[0] else f'README.{code}.md'})" for code in langs
     ) if len(langs) > 1 else ""
+    source = prov["source"]
+    origin = {"hub cache": _("the Hub commit, from the local Hugging Face cache"),
+              "hf download": _("the Hub commit that `hf download --local-dir` recorded"),
+              "fixture": _("the tiny fixture's content hash: random weights of the real architecture, not the model"),
+              "content hash": _("a content hash of the source folder, which records no Hub commit, so it was not "
+                                "checked against the release's base_revision")}.get(source.get("origin", "fixture"))
+    source_note = t(origin or "")
+    if source.get("revision_mismatch"):
+        source_note += " " + t(_("It is not the release's pinned base_revision `{base}`: built with "
+                                 "`--allow-revision-mismatch`.")).format(base=source.get("base_revision", "?"))
     scheme = "ModelOpt W8A8, per-tensor static" if build.scheme == PER_TENSOR else \
         "ModelOpt W8A8, per-channel weights, per-token activations"
     return {
         "release": release, "prov": prov, "repo_id": f"{release.org}/{build.repo}",
         "title": f"Cosmos3-Nano-Policy-DROID, {build.title} ({scheme})",
         "description": build.description, "siblings": siblings, "languages_line": languages_line,
-        "recipe_text": recipe_text(build, t), "scheme": scheme_rows(build, prov, t),
+        "recipe_text": recipe_text(build, t), "scheme": scheme_rows(build, prov, t), "source_note": source_note,
         "kept": ", ".join(f"`{k}`" for k in build.kept_bf16),
         "built_date": f.date(date), "gate_sigma": f.num(build.gate.overall_sigma, 2),
         "gate_rate": f.pct(build.gate.gripper_change_rate, 1), "gate_verdict": gate_verdict,

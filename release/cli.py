@@ -19,7 +19,7 @@ class _Group(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
         except ReleaseError as exc:
             if os.environ.get(DEBUG_ENV) == "1":
                 raise
@@ -36,13 +36,49 @@ class _Group(click.Group):
             click.echo(f"internal error: {type(exc).__name__}: {exc} (rerun with {DEBUG_ENV}=1 for a traceback)",
                        err=True)
             sys.exit(1)
+        if ctx.invoked_subcommand in USES_BUILDS:  # after the work: an error stays one line
+            from release.config import builds_source
+
+            where, why = builds_source()
+            click.echo(f"build files: {where} ({why})", err=True)
+        return result
 
 
-@click.group(cls=_Group)
+ENVIRONMENT = """\b
+Environment:
+  RELEASE_BUILDS        folder of build files when --builds is not given (then ./builds, then the
+                        shipped defaults)
+  RELEASE_SOURCE        BF16 source (a folder or a Hub id in the local cache) when --source is not
+                        given (then the cache at base_model / base_revision)
+  RELEASE_OBSERVATIONS  observation set when --observations is not given
+  RELEASE_CACHE         calibration captures, rollouts and hashes (default .cache/release)
+  RELEASE_DEVICE        auto (default: CUDA when present), cpu or cuda
+  RELEASE_DEBUG=1       tracebacks instead of one-line errors
+  SOURCE_DATE_EPOCH     pins the date recorded in provenance.json, selection.json and tables.json
+  HF_TOKEN              the Hub token for push (else the huggingface_hub login); never printed
+  HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE
+                        read by huggingface_hub (the endpoint, the cache, offline mode)
+"""
+# Commands that read build files say which folder they read.
+USES_BUILDS = {"build", "verify", "eval", "import-served", "tables", "select", "card", "push", "observations"}
+
+
+@click.group(cls=_Group, epilog=ENVIRONMENT)
 @click.version_option(__version__, prog_name="release")
-def main() -> None:
+@click.option("--builds", "builds", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Folder of build files (release.yaml and one file per build).")
+@click.pass_context
+def main(ctx: click.Context, builds: Path | None) -> None:
     """Build, verify, document and publish FP8 builds of Cosmos3-Nano-Policy-DROID."""
+    from release import config
+
     _quiet_libraries()
+    config.BUILDS_OPTION.clear()  # one process may run several commands (tests, notebooks)
+    if builds is not None:
+        if not (builds / "release.yaml").is_file():
+            raise ReleaseError(f"--builds {builds}: no release.yaml there; pass the folder that holds the build "
+                               "files (after 'release init DIR' that is DIR/builds)")
+        config.BUILDS_OPTION.append(builds)
 
 
 def _quiet_libraries() -> None:
@@ -54,6 +90,17 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning)
     for name in ("diffusers", "transformers", "modelopt", "accelerate", "huggingface_hub"):
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@main.command()
+@click.argument("folder", type=click.Path(path_type=Path, file_okay=False))
+def init(folder: Path) -> None:
+    """Write a starter builds/ into FOLDER: release.yaml and the sweep's build files, to edit."""
+    from release.config import init_builds
+
+    paths = init_builds(folder)
+    click.echo(f"wrote {len(paths)} build files to {paths[0].parent}; edit them, then run release from {folder} "
+               f"(it reads ./builds) or pass --builds {paths[0].parent}")
 
 
 @main.command()
@@ -78,31 +125,32 @@ def fixture(size: str, out: Path, seed: int, n_obs: int, heldout: int) -> None:
 
 @main.command()
 @click.argument("names", nargs=-1)
-@click.option("--all", "all_builds", is_flag=True, help="Build every YAML file in builds/.")
-@click.option("--source", type=click.Path(path_type=Path), default=None,
-              help="BF16 checkpoint folder (default: $RELEASE_SOURCE, then the Hugging Face cache).")
+@click.option("--all", "all_builds", is_flag=True, help="Build the sweep of release.yaml (else every build file).")
+@click.option("--source", default=None, help="BF16 checkpoint: a folder, or a Hub id org/name[@revision] in the "
+              "local Hugging Face cache (default: $RELEASE_SOURCE, then base_model at base_revision in the cache).")
 @click.option("--observations", type=click.Path(path_type=Path), default=None,
               help="Observation set (default: $RELEASE_OBSERVATIONS, then 'observations' beside the source).")
 @click.option("--out", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
-def build(names: tuple[str, ...], all_builds: bool, source: Path | None, observations: Path | None,
-          out: Path) -> None:
+@click.option("--allow-revision-mismatch", is_flag=True, help="Build from a source whose Hub commit is not the "
+              "base_revision of release.yaml (provenance and cards say so).")
+def build(names: tuple[str, ...], all_builds: bool, source: str | None, observations: Path | None,
+          out: Path, allow_revision_mismatch: bool) -> None:
     """Quantize, export and record provenance for the named builds."""
     from release.build import BuildRequest, run_builds
 
-    if not run_builds(BuildRequest.create(names, all_builds, source, observations, out)):
+    if not run_builds(BuildRequest.create(names, all_builds, source, observations, out, allow_revision_mismatch)):
         sys.exit(1)
 
 
 @main.command()
 @click.argument("names", nargs=-1, required=True)
 @click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
-@click.option("--reference", type=click.Path(path_type=Path), default=None,
-              help="Reference checkpoint (NVIDIA's Cosmos3-Nano@fp8); default: the RTN build in --dist.")
-@click.option("--source", type=click.Path(path_type=Path), default=None,
-              help="BF16 source the values are recomputed from (default: as for build).")
+@click.option("--reference", default=None, help="Reference checkpoint (NVIDIA's Cosmos3-Nano@fp8): a folder or a "
+              "Hub id org/name[@revision] in the local cache; default: the RTN build in --dist.")
+@click.option("--source", default=None, help="BF16 source the values are recomputed from (default: as for build).")
 @click.option("--observations", type=click.Path(path_type=Path), default=None,
               help="Observations for the loadability rollout (default: beside the source).")
-def verify(names: tuple[str, ...], dist: Path, reference: Path | None, source: Path | None,
+def verify(names: tuple[str, ...], dist: Path, reference: str | None, source: str | None,
            observations: Path | None) -> None:
     """Check built repos against a reference and their source; exit 1 if any check fails."""
     from release.verify import VerifyRequest, verify_builds
@@ -122,14 +170,45 @@ def verify(names: tuple[str, ...], dist: Path, reference: Path | None, source: P
 @click.option("--source", type=click.Path(path_type=Path), default=None)
 @click.option("--observations", type=click.Path(path_type=Path), default=None)
 @click.option("--yardsticks", is_flag=True, help="Also BF16 eager vs torch.compile and seed vs seed.")
+@click.option("--external", default=None, metavar="CHECKPOINT", help="Also an FP8 checkpoint made elsewhere (a folder "
+              "or a Hub id in the local cache, e.g. NVIDIA's published one), as a row beside the builds.")
+@click.option("--external-title", default="published NVIDIA FP8", show_default=True,
+              help="The row's title in the tables and cards.")
 def eval_(names: tuple[str, ...], all_builds: bool, path_: str, split: str, dist: Path, source: Path | None,
-          observations: Path | None, yardsticks: bool) -> None:
+          observations: Path | None, yardsticks: bool, external: str | None, external_title: str) -> None:
     """Replay the policy for BF16 and each build on the same seeds; store the action chunks."""
     from release.evaluate import EvalRequest, describe, run_eval
 
-    request = EvalRequest.create(names, path_, split, dist, source, observations, yardsticks, all_builds)
+    request = EvalRequest.create(names, path_, split, dist, source, observations, yardsticks, all_builds,
+                                 external, external_title)
     for out in run_eval(request):
         click.echo(f"results: {out} ({describe(out)})")
+
+
+@main.group()
+def observations() -> None:
+    """Observation sets: import real DROID frames."""
+
+
+@observations.command("import-lerobot")
+@click.argument("dataset", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Observation set to write.")
+@click.option("--per-lab", type=click.IntRange(1, 100_000), default=8, show_default=True,
+              help="Frames drawn from each lab.")
+@click.option("--labs", default=None, help="Comma-separated labs (the dataset's 'building'); default: the "
+              "calibration_labs and heldout_labs of release.yaml.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the frame draw.")
+def import_lerobot_(dataset: Path, out: Path, per_lab: int, labs: str | None, seed: int) -> None:
+    """Sample DROID frames of a local LeRobot dataset (codebase v2.1 or v3.0) into an observation set, with
+    action_stats.json from the dataset's statistics."""
+    from release.config import load_release
+    from release.lerobot import import_lerobot
+
+    release = load_release()
+    chosen = [lab.strip() for lab in labs.split(",") if lab.strip()] if labs else \
+        [*release.calibration_labs, *release.heldout_labs]
+    written = import_lerobot(dataset, out, chosen, per_lab, seed)
+    click.echo(f"observations: {written} ({per_lab} frames from each of {len(chosen)} labs)")
 
 
 @main.command("import-served")

@@ -426,8 +426,45 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return sorted(getattr(cur, "model_fields", {}))
 
 
+BUILDS_OPTION: list[Path] = []  # set by ``release --builds DIR`` for the process
+
+
+def builds_source() -> tuple[Path, str]:
+    """The folder of build files in use and why: ``--builds DIR``, then ``$RELEASE_BUILDS``, then ``./builds`` (a
+    folder with a release.yaml in the current directory), then the defaults that ship with the tool."""
+    from release import data_path
+
+    if BUILDS_OPTION:
+        return BUILDS_OPTION[-1], "--builds"
+    if os.environ.get(BUILDS_ENV):
+        return Path(os.environ[BUILDS_ENV]), BUILDS_ENV
+    if (Path("builds") / "release.yaml").is_file():
+        return Path("builds"), "./builds"
+    return data_path("builds"), ("the defaults shipped with release; 'release init DIR' copies them to DIR/builds "
+                                 "to edit")
+
+
 def builds_dir() -> Path:
-    return Path(os.environ.get(BUILDS_ENV, "builds"))
+    return builds_source()[0]
+
+
+def init_builds(folder: Path) -> list[Path]:
+    """Copy the shipped build files into ``folder/builds`` (written aside, then put in place: never half a folder);
+    an existing ``folder/builds`` is left alone."""
+    import shutil
+
+    from release import data_path
+    from release.io import atomic_dir, output_folder
+
+    target = output_folder(folder) / "builds"
+    if target.exists():
+        raise ReleaseError(f"{target}: exists; edit it, or choose another folder for 'release init'")
+    source = data_path("builds")
+    names = sorted(p.name for p in source.glob("*.yaml"))
+    with atomic_dir(target) as tmp:
+        for name in names:
+            shutil.copy2(source / name, tmp / name)
+    return [target / name for name in names]
 
 
 def load_release(directory: Path | None = None) -> ReleaseConfig:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import types
 from collections import Counter
 from collections.abc import Callable
@@ -23,7 +24,7 @@ import torch
 
 from release import ReleaseError, __version__, fp8
 from release.config import BuildConfig, PolicySettings, ReleaseConfig, load_build, load_release
-from release.io import atomic_write, read_json
+from release.io import atomic_write, read_json, write_json
 from release.observations import Observation, action_sigma, load_observations
 from release.source import resolve_source, source_revision
 
@@ -35,10 +36,46 @@ SEEDS_YARDSTICK = (4, 4)  # observations x seeds
 EMULATION = "fp8-gemm-emulation/4"  # fp32 input quotient; Hopper's fast-accumulation arithmetic; row-wise
 
 
+EXTERNAL = "external"  # <dist>/external/<name>/: an FP8 checkpoint made elsewhere, evaluated beside the builds
+EXTERNAL_TITLE = "published NVIDIA FP8"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What one rollout series is of: a build of the dist, or an external FP8 checkpoint (NVIDIA's published one),
+    which takes the RTN build's configuration (NVIDIA's scheme and Linears) for its fake-quant replay."""
+
+    build: BuildConfig
+    checkpoint: Path  # the folder that is loaded
+    results: Path  # where its results/ go
+    revision: str | None = None  # an external checkpoint's commit or content hash (its rollouts' cache key)
+
+
+def external_name(spec: str) -> str:
+    """A folder name for an external checkpoint named by a Hub id or a path (``nvidia/Cosmos3-Nano@fp8`` ->
+    ``nvidia-Cosmos3-Nano-fp8``): letters, digits, ``-`` and ``_`` only, so it stays inside ``<dist>/external``."""
+    return re.sub(r"[^A-Za-z0-9_]+", "-", spec).strip("-")[:96] or "checkpoint"
+
+
+def _as_external(name: str, title: str) -> BuildConfig:
+    return load_build("rtn").model_copy(update={"name": name, "title": title, "delivered": False,
+                                                "repo": f"{EXTERNAL}/{name}"})
+
+
+def external_builds(dist: Path) -> list[BuildConfig]:
+    """The external checkpoints evaluated into ``dist`` (``release eval --external``), as the build configuration
+    ``release tables`` scores them with: RTN's, under their own name and title."""
+    out = []
+    for meta in sorted((dist / EXTERNAL).glob("*/external.json")):
+        doc = read_json(meta, "external checkpoint", "release eval --external CHECKPOINT", ("name", "title"))
+        out.append(_as_external(external_name(str(doc["name"])), str(doc["title"])))
+    return out
+
+
 @dataclass(frozen=True)
 class EvalRequest:
     release: ReleaseConfig
-    builds: list[BuildConfig]
+    subjects: list[Subject]
     path: Path_
     split: Split
     dist: Path
@@ -47,29 +84,50 @@ class EvalRequest:
     cache: Path
     yardsticks: bool
 
+    @property
+    def builds(self) -> list[BuildConfig]:
+        return [s.build for s in self.subjects]
+
     @classmethod
-    def create(cls, names: tuple[str, ...], path: str, split: str, dist: Path, source: Path | None,
-               observations: Path | None, yardsticks: bool, all_builds: bool = False) -> EvalRequest:
+    def create(cls, names: tuple[str, ...], path: str, split: str, dist: Path, source: str | Path | None,
+               observations: Path | None, yardsticks: bool, all_builds: bool = False,
+               external: str | None = None, external_title: str = EXTERNAL_TITLE) -> EvalRequest:
         import os
 
         from release.build import CACHE_ENV
         from release.config import available_builds
+        from release.source import resolve_checkpoint, source_identity
 
         release = load_release()
         if all_builds:
             names = tuple(release.sweep or available_builds())
-        if not names:
-            raise ReleaseError(f"name at least one build ({', '.join(available_builds())}) or pass --all")
-        builds = [load_build(n) for n in dict.fromkeys(names)]
-        for b in builds:
+        if not names and external is None:
+            raise ReleaseError(f"name at least one build ({', '.join(available_builds())}), pass --all, or "
+                               "--external CHECKPOINT")
+        subjects = []
+        for b in (load_build(n) for n in dict.fromkeys(names)):
             if not (dist / b.repo).is_dir():
                 raise ReleaseError(f"{dist / b.repo}: missing; run 'release build {b.name}' first")
+            subjects.append(Subject(b, dist / b.repo, dist / b.repo))
+        if external is not None:
+            folder = resolve_checkpoint(external, "--external")
+            if not (folder / "transformer" / "modelopt_state.pth").is_file():
+                raise ReleaseError(f"--external {external}: {folder} has no transformer/modelopt_state.pth; it must "
+                                   "be a ModelOpt FP8 checkpoint in NVIDIA's diffusers layout")
+            name = external_name(external)
+            subjects.append(Subject(_as_external(name, external_title), folder, dist / EXTERNAL / name,
+                                    source_identity(folder).revision))
         src = resolve_source(release, source)
         obs = observations or src.parent / "observations"
         if not (obs / "index.json").is_file():
             raise ReleaseError(f"observation set {obs} not found; pass --observations DIR")
         cache = Path(os.environ.get(CACHE_ENV, ".cache/release"))
-        return cls(release, builds, path, split, dist, src, obs, cache, yardsticks)  # type: ignore[arg-type]
+        for subject in subjects:  # what 'release tables' needs to score an external checkpoint
+            if subject.revision is not None:
+                write_json(subject.results / "external.json",
+                           {"name": subject.build.name, "title": subject.build.title, "checkpoint": external,
+                            "revision": subject.revision})
+        return cls(release, subjects, path, split, dist, src, obs, cache, yardsticks)  # type: ignore[arg-type]
 
 
 def select(observations: list[Observation], release: ReleaseConfig, split: str) -> list[Observation]:
@@ -97,7 +155,8 @@ def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.
     model = load_build_transformer(folder)
     if emulate is None:
         emulate = compute_device() != "cuda"
-    rowwise = read_json(folder / "provenance.json", "provenance", "release build").get("recipe", {}).get(
+    provenance = folder / "provenance.json"  # an external checkpoint has none: NVIDIA's per-tensor scheme
+    rowwise = provenance.is_file() and read_json(provenance, "provenance", "release build").get("recipe", {}).get(
         "scheme") == per_channel.SCHEME
     for name in quantized_linears(model):
         module = model.get_submodule(name)
@@ -222,9 +281,13 @@ def describe(path: Path) -> str:
             f"/{steps} steps agree")
 
 
-def _label(request: EvalRequest, build: BuildConfig) -> str:
+def _label(request: EvalRequest, subject: Subject) -> str:
     """The cache key of a build's rollouts, from its provenance.json: its configuration and calibration data, the
-    tool version and the emulation's arithmetic (a change of any re-runs the rollouts)."""
+    tool version and the emulation's arithmetic (a change of any re-runs the rollouts). An external checkpoint's
+    key is its revision."""
+    build = subject.build
+    if subject.revision is not None:
+        return f"{request.path}:{EXTERNAL}:{build.name}:{subject.revision}:{__version__}:{EMULATION}"
     path = request.dist / build.repo / "provenance.json"
     prov = read_json(path, "provenance", f"release build {build.name}")
     calibration = prov.get("calibration")
@@ -240,21 +303,20 @@ def run_eval(request: EvalRequest) -> list[Path]:
     policy: PolicySettings = request.release.policy
     obs = select(load_observations(request.observations), request.release, request.split)
     sigma = action_sigma(request.observations, request.release.action_stats, policy.action_dims)
-    labels = {build.name: _label(request, build) for build in request.builds}  # before any model runs
+    labels = {s.build.name: _label(request, s) for s in request.subjects}  # before any model runs
     seeds = [policy.noise_seed] * len(obs)
     reference = rollouts(request, "bf16", lambda: None, obs, seeds, {})
     written = []
     deployed_kwargs = {"mixed_precision_format": "none"}  # W8A8 on every step, as NVIDIA's policy server serves it
-    for build in request.builds:
-        folder = request.dist / build.repo
-        label = labels[build.name]
+    for subject in request.subjects:
+        label = labels[subject.build.name]
         if request.path == "fakequant":
-            make = functools.partial(fakequant_transformer, request.source, folder, build)
+            make = functools.partial(fakequant_transformer, request.source, subject.checkpoint, subject.build)
             candidate = rollouts(request, label, make, obs, seeds, {})
         else:
-            candidate = rollouts(request, label, functools.partial(deployed_transformer, folder), obs, seeds,
-                                 deployed_kwargs)
-        out = folder / RESULTS / f"{request.path}-{request.split}.npz"
+            candidate = rollouts(request, label, functools.partial(deployed_transformer, subject.checkpoint), obs,
+                                 seeds, deployed_kwargs)
+        out = subject.results / RESULTS / f"{request.path}-{request.split}.npz"
         save_results(out, reference, candidate, obs, seeds, sigma)
         written.append(out)
     if request.yardsticks:

@@ -9,7 +9,8 @@ Format ``release-droid-obs/1`` (a folder; real DROID frames can be written in it
         lab          str, the DROID lab that recorded it (decides calibration vs held-out split)
         instruction  str, the language instruction
         state        8 floats: 7 joint positions (rad) + gripper position in [0, 1] (1 = closed)
-        images       {camera: path of a 640x360 RGB PNG, relative to the folder and inside it}
+        images       {camera: path of an RGB PNG of index.json's image_size (default 640x360), relative to the
+                      folder and inside it}
     images/<obs_id>_<camera>.png
 """
 
@@ -123,22 +124,26 @@ def _read_index(folder: Path) -> dict[str, Any]:
     if type(count) is not int or count < 0:
         raise ReleaseError(f"{index}: field 'count' must be the number of observations (lines of observations.jsonl), "
                            f"got {_short(count)}")
+    size = meta.get("image_size", [WIDTH, HEIGHT])
+    if not (isinstance(size, list) and len(size) == 2 and all(type(v) is int and v > 0 for v in size)):
+        raise ReleaseError(f"{index}: field 'image_size' must be [width, height] in pixels, got {_short(size)}")
     return meta
 
 
-def _check_image(path: Path, where: str, camera: str) -> None:
-    """A 640x360 PNG whose every chunk is intact, checked without inflating its pixels: PNG's chunk CRCs cover all
-    of a file's data, so PIL's ``verify`` finds a truncated or damaged file here and not mid-rollout. Every PNG mode
-    converts to RGB, so the format and the size are all that is left to check."""
+def _check_image(path: Path, where: str, camera: str, size: tuple[int, int]) -> None:
+    """A PNG of the set's size (640x360 unless index.json says otherwise) whose every chunk is intact, checked
+    without inflating its pixels: PNG's chunk CRCs cover all of a file's data, so PIL's ``verify`` finds a truncated
+    or damaged file here and not mid-rollout. Every PNG mode converts to RGB, so the format and the size are all that
+    is left to check."""
     from PIL import Image
 
-    fix = f"replace it with a {WIDTH}x{HEIGHT} RGB PNG"
+    fix = f"replace it with a {size[0]}x{size[1]} RGB PNG"
     if not path.is_file():
         raise ReleaseError(f"{where}: camera '{camera}': image {path} is missing or not a file; {fix} or correct "
                            "the path")
     try:
         with Image.open(path) as img:
-            fmt, size = img.format, img.size
+            fmt, found = img.format, img.size
             img.verify()
     except Exception as exc:  # any failure of the decoder on this file: it cannot be read
         reason = (str(exc).splitlines() or [""])[0]
@@ -146,11 +151,11 @@ def _check_image(path: Path, where: str, camera: str) -> None:
                            f"{reason}); {fix}") from exc
     if fmt != "PNG":
         raise ReleaseError(f"{where}: camera '{camera}': image {path} is {fmt}, not PNG; {fix}")
-    if size != (WIDTH, HEIGHT):
-        raise ReleaseError(f"{where}: camera '{camera}': image {path} is {size[0]}x{size[1]}; {fix}")
+    if found != size:
+        raise ReleaseError(f"{where}: camera '{camera}': image {path} is {found[0]}x{found[1]}; {fix}")
 
 
-def _record(rec: Any, where: str, folder: Path, root: Path) -> Observation:
+def _record(rec: Any, where: str, folder: Path, root: Path, size: tuple[int, int]) -> Observation:
     """One line of observations.jsonl, every field checked; image paths must stay inside the set's folder."""
     if not isinstance(rec, dict):
         raise ReleaseError(f"{where}: expected a JSON object, got {type(rec).__name__}")
@@ -184,7 +189,7 @@ def _record(rec: Any, where: str, folder: Path, root: Path) -> Observation:
         if not path.is_relative_to(root):
             raise ReleaseError(f"{where}: camera '{cam}': image path {rel!r} leads outside the observation set "
                                f"{folder}; use a path inside it, relative to it")
-        _check_image(path, where, cam)
+        _check_image(path, where, cam, size)
         images[cam] = path
     return Observation(rec["obs_id"], rec["episode_id"], rec["lab"], rec["instruction"],
                        tuple(float(v) for v in state), images)
@@ -192,9 +197,10 @@ def _record(rec: Any, where: str, folder: Path, root: Path) -> Observation:
 
 def load_observations(folder: Path) -> list[Observation]:
     """Every observation of the set, validated before any model runs: the index, each line's fields, unique ids,
-    and each image (inside the folder, a readable 640x360 PNG). Any fault is a one-line error naming the file and
-    line."""
+    and each image (inside the folder, a readable PNG of the set's size). Any fault is a one-line error naming the
+    file and line."""
     meta = _read_index(folder)
+    size = tuple(meta.get("image_size", [WIDTH, HEIGHT]))
     path = folder / "observations.jsonl"
     if not path.is_file():
         raise ReleaseError(f"{path}: missing; an observation set holds one JSON object per observation in it")
@@ -214,7 +220,7 @@ def load_observations(folder: Path) -> list[Observation]:
         except json.JSONDecodeError as exc:
             raise ReleaseError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); one JSON object per "
                                "line") from exc
-        o = _record(rec, where, folder, root)
+        o = _record(rec, where, folder, root, size)
         if o.obs_id in line_of:
             raise ReleaseError(f"{where}: obs_id {o.obs_id} is also on line {line_of[o.obs_id]}; every obs_id must "
                                "be unique")

@@ -4,50 +4,138 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from release import ReleaseError
 from release.config import SOURCE_ENV, ReleaseConfig
 from release.fixture import content_revision
 
+HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w./-]+))?$")
 
-def resolve_source(release: ReleaseConfig, source: Path | None) -> Path:
-    """``--source``, else ``$RELEASE_SOURCE``, else the local Hugging Face cache at the pinned revision.
 
-    Nothing is downloaded: a checkpoint missing from the cache is an error that says how to provide it.
-    """
-    if source is None and os.environ.get(SOURCE_ENV):
-        source = Path(os.environ[SOURCE_ENV])
-    if source is not None:
-        if not source.is_dir():
-            raise ReleaseError(
-                f"source directory {source} does not exist; pass --source DIR (or set {SOURCE_ENV}) to a checkpoint "
-                "folder, e.g. one written by 'release fixture tiny --out DIR'"
-            )
-        if not (source / "model_index.json").is_file():
-            raise ReleaseError(f"{source}: no model_index.json; --source must be a diffusers pipeline folder")
-        return source
+def from_cache(repo_id: str, revision: str | None, what: str) -> Path:
+    """The snapshot folder of ``repo_id`` at ``revision`` (a commit, branch or tag; default ``main``) in the local
+    Hugging Face cache (huggingface_hub's own lookup, ``local_files_only``: nothing is downloaded)."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(release.base_model, revision=release.base_revision, local_files_only=True))
+        return Path(snapshot_download(repo_id, revision=revision, local_files_only=True))
+    except HFValidationError as exc:
+        raise ReleaseError(f"{what} {repo_id!r}: not a Hub repo id ({str(exc).splitlines()[0]})") from exc
     except (LocalEntryNotFoundError, OSError) as exc:
+        at = f"@{revision[:12]}" if revision else ""
+        option = "--source" if what == "base model" else what
         raise ReleaseError(
-            f"{release.base_model}@{release.base_revision[:12]} is not in the local Hugging Face cache; pass "
-            f"--source DIR or set {SOURCE_ENV} (run 'release fixture tiny --out DIR' for the tiny stand-in)"
+            f"{what} {repo_id}{at} is not in the local Hugging Face cache (HF_HOME); download it first, e.g. "
+            f"'hf download {repo_id}{f' --revision {revision}' if revision else ''}', or pass {option} DIR"
         ) from exc
 
 
+def resolve_checkpoint(spec: str | Path, what: str, default_revision: str | None = None) -> Path:
+    """A checkpoint named on the command line: an existing folder, or ``org/name[@revision]`` in the local Hugging
+    Face cache."""
+    path = Path(spec)
+    if path.is_dir():
+        return path
+    match = HUB_ID.match(str(spec))
+    if match is None:
+        raise ReleaseError(f"{what} {spec}: no such folder, and not a Hub id (org/name[@revision]); pass a "
+                           "checkpoint folder or the id of a checkpoint in the local Hugging Face cache")
+    return from_cache(match["repo"], match["revision"] or default_revision, what)
+
+
+def resolve_source(release: ReleaseConfig, source: Path | str | None) -> Path:
+    """``--source``, else ``$RELEASE_SOURCE``, else the local Hugging Face cache at the pinned revision.
+
+    ``--source`` is a folder or a Hub id (``org/name[@revision]``; without a revision, the release's base revision
+    for its base model, ``main`` for another repo) looked up in the cache. Nothing is downloaded: a checkpoint
+    missing from the cache is an error that says how to provide it.
+    """
+    if source is None and os.environ.get(SOURCE_ENV):
+        source = os.environ[SOURCE_ENV]
+    if source is None:
+        folder = from_cache(release.base_model, release.base_revision, "base model")
+    else:
+        match = HUB_ID.match(str(source))
+        default = release.base_revision if match and match["repo"] == release.base_model else None
+        if not Path(source).is_dir() and match is None:
+            raise ReleaseError(
+                f"source directory {source} does not exist; pass --source DIR (or set {SOURCE_ENV}) to a checkpoint "
+                "folder, e.g. one written by 'release fixture tiny --out DIR', or a Hub id in the local cache"
+            )
+        folder = resolve_checkpoint(source, "--source", default)
+    if not (folder / "model_index.json").is_file():
+        raise ReleaseError(f"{folder}: no model_index.json; --source must be a diffusers pipeline folder")
+    return folder
+
+
+@dataclass(frozen=True)
+class Revision:
+    """Which source a build was made from: ``origin`` says how ``revision`` is known."""
+
+    revision: str
+    origin: Literal["fixture", "hub cache", "hf download", "content hash"]
+    repo: str | None = None  # the Hub repo, where the origin names it
+
+    @property
+    def is_commit(self) -> bool:
+        """A Hub commit, which can be held against the release's ``base_revision``."""
+        return self.origin in ("hub cache", "hf download")
+
+
+def _download_commit(folder: Path) -> str | None:
+    """The commit recorded by ``hf download --local-dir`` in ``.cache/huggingface/download/*.metadata`` (first line
+    of each file). Read directly: huggingface_hub's ``read_download_metadata`` takes a lock file in the folder and
+    deletes metadata it cannot parse, and a source folder is only read."""
+    metadata = sorted((folder / ".cache" / "huggingface" / "download").rglob("*.metadata"))
+    commits = {}
+    for path in metadata:
+        try:
+            commits[path] = path.read_text(encoding="utf-8").splitlines()[0].strip()
+        except (OSError, UnicodeDecodeError, IndexError) as exc:
+            raise ReleaseError(f"{path}: unreadable download metadata ({exc}); download the checkpoint again") from exc
+    found = sorted(set(commits.values()))
+    if len(found) > 1:
+        raise ReleaseError(f"{folder}: files of {len(found)} different commits ({', '.join(c[:12] for c in found)}, "
+                           ".cache/huggingface/download); download the checkpoint again at one revision")
+    if found and not re.fullmatch(r"[0-9a-f]{40}", found[0]):
+        raise ReleaseError(f"{metadata[0]}: {found[0]!r} is not a commit hash; download the checkpoint again")
+    return found[0] if found else None
+
+
 def source_revision(source: Path) -> str:
-    """The fixture's recorded revision, the cache snapshot's commit, or a content hash of the folder."""
+    return source_identity(source).revision
+
+
+def source_identity(source: Path) -> Revision:
+    """The fixture's recorded revision, the cache snapshot's commit, the commit ``hf download --local-dir`` recorded,
+    or else a content hash of the folder."""
     fixture = source / "fixture.json"
     if fixture.is_file():
-        return str(json.loads(fixture.read_text())["revision"])
-    if source.parent.name == "snapshots":
-        return source.name
-    return content_revision(source)
+        return Revision(str(json.loads(fixture.read_text())["revision"]), "fixture")
+    if source.parent.name == "snapshots" and source.parent.parent.name.startswith("models--"):
+        repo = source.parent.parent.name.removeprefix("models--").replace("--", "/")
+        return Revision(source.name, "hub cache", repo)
+    commit = _download_commit(source)
+    if commit is not None:
+        return Revision(commit, "hf download")
+    return Revision(content_revision(source), "content hash")
+
+
+def check_revision(release: ReleaseConfig, identity: Revision, allow: bool) -> bool:
+    """Whether the source's commit differs from the release's ``base_revision``; an error unless ``allow``. Sources
+    without a Hub commit (the fixture, a plain folder) are not compared."""
+    mismatch = identity.is_commit and identity.revision != release.base_revision
+    if mismatch and not allow:
+        raise ReleaseError(
+            f"the source is {identity.repo or release.base_model} at commit {identity.revision[:12]} "
+            f"({identity.origin}), builds/release.yaml pins base_revision {release.base_revision[:12]}; use that "
+            "revision, change base_revision, or pass --allow-revision-mismatch (the cards then say so)")
+    return mismatch
 
 
 def read_headers(folder: Path, index_name: str) -> dict[str, tuple[str, tuple[int, ...], str]]:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from release import ReleaseError
 from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
-from release.evaluate import RESULTS, YARDSTICKS
+from release.evaluate import RESULTS, YARDSTICKS, external_builds
 from release.io import atomic_write, build_date, output_folder, write_json
 from release.stats import (
     Difference,
@@ -58,7 +58,8 @@ class TablesRequest:
                     raise ReleaseError(f"build {b.name!r} has no results in {dist / b.repo / RESULTS}; "
                                        f"run 'release eval {b.name}' first")
         else:
-            builds = [b for b in map(load_build, available_builds()) if (dist / b.repo / RESULTS).is_dir()]
+            builds = [b for b in [*map(load_build, available_builds()), *external_builds(dist)]
+                      if (dist / b.repo / RESULTS).is_dir()]
             if not builds:
                 raise ReleaseError(f"{dist}: no build has results; run 'release eval NAME' first")
         load_build(baseline)
@@ -141,7 +142,8 @@ def _yardstick(dist: Path, kind: str, split: str, dims: int) -> PerObservation |
 def comparison_families(request: TablesRequest) -> Counter[tuple[str, str]]:
     """Bonferroni's m of each (path, split): every build of the dist with results there, the baseline aside, whichever
     builds the command names."""
-    builds = {b.name: b for b in [*map(load_build, available_builds()), *request.builds]}
+    builds = {b.name: b for b in [*map(load_build, available_builds()), *external_builds(request.dist),
+                                  *request.builds]}
     families: Counter[tuple[str, str]] = Counter()
     for b in builds.values():
         if b.name != request.baseline:

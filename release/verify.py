@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from release import ReleaseError
 from release.config import BuildConfig, ReleaseConfig, load_build, load_release
 from release.io import atomic_write, sha256_file, write_json
-from release.source import resolve_source
+from release.source import resolve_checkpoint, resolve_source
 
 REPORT_DIR = "verification"
 REPORT_JSON = f"{REPORT_DIR}/report.json"
@@ -86,7 +86,7 @@ class VerifyRequest:
     observations: Path | None
 
     @classmethod
-    def create(cls, name: str, dist: Path, reference: Path | None, source: Path | None,
+    def create(cls, name: str, dist: Path, reference: str | Path | None, source: str | Path | None,
                observations: Path | None, require_reference: bool = True) -> VerifyRequest:
         """``require_reference=False`` (after a build): without the RTN build the reference checks are skipped."""
         release = load_release()
@@ -94,18 +94,21 @@ class VerifyRequest:
         folder = dist / build.repo
         if not folder.is_dir():
             raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
+        ref: Path | None
         if reference is None:
             rtn = next((s for s in release.siblings if s.build == "rtn"), None)
-            reference = dist / rtn.repo if rtn is not None else None
-            if not require_reference and reference is not None and not reference.is_dir():
-                reference = None
-        if reference is not None and not reference.is_dir():
-            raise ReleaseError(f"reference {reference} does not exist; pass --reference DIR (NVIDIA's "
-                               "Cosmos3-Nano@fp8, or the RTN build)")
+            ref = dist / rtn.repo if rtn is not None else None
+            if not require_reference and ref is not None and not ref.is_dir():
+                ref = None
+            if ref is not None and not ref.is_dir():
+                raise ReleaseError(f"reference {ref} does not exist; pass --reference DIR (NVIDIA's "
+                                   "Cosmos3-Nano@fp8, or the RTN build)")
+        else:
+            ref = resolve_checkpoint(reference, "--reference")
         src = resolve_source(release, source)
         if observations is None and (src.parent / "observations").is_dir():
             observations = src.parent / "observations"
-        return cls(release, build, folder, reference, src, observations)
+        return cls(release, build, folder, ref, src, observations)
 
 
 def _files(root: Path) -> list[str]:

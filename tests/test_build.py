@@ -147,7 +147,8 @@ def test_missing_observations(tiny: Path, tmp_path: Path) -> None:
 def test_source_without_cache_entry_says_how_to_fix(tmp_path: Path) -> None:
     result = invoke("build", "rtn", "--out", tmp_path / "dist")
     assert result.exit_code == 2
-    assert "not in the local Hugging Face cache; pass --source DIR" in result.output
+    assert "not in the local Hugging Face cache (HF_HOME); download it first, e.g. 'hf download " \
+           "nvidia/Cosmos3-Nano-Policy-DROID --revision " in result.output and "or pass --source DIR" in result.output
 
 
 def test_mismatched_source_names_first_tensor(tiny: Path, tmp_path: Path) -> None:

@@ -45,7 +45,7 @@ def test_folder_target_plan_push_and_noop(dist: Path, tmp_path: Path) -> None:
         assert f"| `{name}` | add |" in plan.output
     assert not target.exists()  # a dry run changes nothing
     as_json = json.loads(invoke("push", "rtn", "--dist", dist, "--target", target, "--dry-run",
-                                "--format", "json").output)
+                                "--format", "json").stdout)  # the JSON is stdout; stderr says which build files
     assert {f["action"] for f in as_json["repos"][0]["files"]} == {"add"}
     pushed = invoke("push", "rtn", "--dist", dist, "--target", target)
     assert pushed.exit_code == 0 and "checksums verified" in pushed.output
@@ -127,7 +127,7 @@ def test_hub_changed_card_and_deleted_file(hub: FakeHub, dist: Path) -> None:
     (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# new card\n")
     (dist / RTN / "README.ko.md").unlink()
     plan = _push(hub, dist, "--dry-run", "--format", "json", "--retag")
-    files = {f["path"]: f["action"] for f in json.loads(plan.output)["repos"][0]["files"]}
+    files = {f["path"]: f["action"] for f in json.loads(plan.stdout)["repos"][0]["files"]}
     assert files["README.md"] == "modify" and files["README.ko.md"] == "delete"
     assert sum(1 for a in files.values() if a != "unchanged") == 2
     result = _push(hub, dist, "--retag")  # the release commit moves the version's tag

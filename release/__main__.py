@@ -1,0 +1,5 @@
+"""``python -m release``: the command line (as the ``release`` script)."""
+
+from release.cli import main
+
+main()
