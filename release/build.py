@@ -18,6 +18,7 @@ from release import ReleaseError, __version__
 from release.config import BuildConfig, ReleaseConfig, available_builds, builds_dir, load_build, load_release
 from release.io import atomic_dir, build_date, output_folder, sha256_file, write_json
 from release.observations import Observation, load_observations, split
+from release.profile import stage
 from release.source import (
     Revision,
     SourceModel,
@@ -86,6 +87,7 @@ def capture_calibration(request: BuildRequest, observations: list[Observation], 
     One file per observation under a folder keyed by source revision, observation set, policy settings and device,
     so an interrupted capture resumes where it stopped and a changed input captures anew.
     """
+    from release.distributed import world
     from release.policy import capture_calls, compute_device, load_pipeline, rollout, settings_digest
 
     key = hashlib.sha256(  # CPU and GPU rollouts differ in bf16: their captures are kept apart
@@ -94,23 +96,24 @@ def capture_calibration(request: BuildRequest, observations: list[Observation], 
     ).hexdigest()[:20]
     folder = request.cache / "calibration" / key
     folder.mkdir(parents=True, exist_ok=True)
-    todo = [o for o in observations if not (folder / f"obs-{o.obs_id:05d}.pt").is_file()]
+    todo = world().share([o for o in observations if not (folder / f"obs-{o.obs_id:05d}.pt").is_file()])
     if todo:
         from release.recipes.base import check_finite
 
-        pipe = load_pipeline(request.source, request.release.policy)
-        check_finite(pipe.transformer, request.source)
+        with stage("capture: load the BF16 policy"):
+            pipe = load_pipeline(request.source, request.release.policy)
+            check_finite(pipe.transformer, request.source)
         with _progress() as progress:
-            task = progress.add_task("capturing calibration calls", total=len(observations))
-            progress.advance(task, len(observations) - len(todo))
+            task = progress.add_task(f"{world().tag}capturing calibration calls", total=len(todo))
             for obs in todo:
                 calls: list[dict[str, Any]] = []
-                with capture_calls(pipe.transformer, calls.append):
+                with stage("capture: rollouts"), capture_calls(pipe.transformer, calls.append):
                     rollout(pipe, obs, request.release.policy)
                 path = folder / f"obs-{obs.obs_id:05d}.pt"
                 torch.save(calls, path.with_suffix(".tmp"))
                 os.replace(path.with_suffix(".tmp"), path)
                 progress.advance(task)
+    world().barrier()  # every rank's share is on disk
     return folder
 
 
@@ -191,10 +194,11 @@ def _build_files(build: BuildConfig) -> dict[str, bytes]:
 
 def run_builds(request: BuildRequest) -> bool:
     """Build every requested build from one load of the source and one calibration capture, then verify each
-    against the RTN build; True when all checks passed."""
+    against the RTN build; True when all checks passed. Under torchrun each rank makes and verifies its share."""
     import diffusers
     import modelopt
 
+    from release.distributed import world
     from release.export import export_build
     from release.policy import compute_device, map_tensors
     from release.recipes import changes_weights, max_weight_error, quantize, steps
@@ -206,22 +210,28 @@ def run_builds(request: BuildRequest) -> bool:
     if not calibration:
         raise ReleaseError(f"{request.observations}: no observation from the calibration labs "
                            f"({', '.join(request.release.calibration_labs)})")
-    data = CalibrationData.load(capture_calibration(request, calibration, revision), calibration)
+    folder = capture_calibration(request, calibration, revision)
+    with stage("load the calibration capture"):
+        data = CalibrationData.load(folder, calibration)
     for build in request.builds:  # every build's data is checked before the first one is made
         data.calibration_calls(build), data.algorithm_calls(build)
     device = compute_device()
-    source = SourceModel(request.source)
-    written: list[BuildConfig] = []
+    with stage("load the source"):
+        source = SourceModel(request.source)
+    mine = world().share(request.builds)
     with _progress() as progress:
-        task = progress.add_task("builds", total=len(request.builds))
-        for build in request.builds:
+        task = progress.add_task(f"{world().tag}builds", total=len(mine))
+        for build in mine:
             calls, algorithm = data.calibration_calls(build), data.algorithm_calls(build)
             final = request.out / build.repo
             progress.console.print(f"[bold]build {build.name}[/] ({'+'.join(build.recipe)}, {build.scheme}, "
                                    f"{build.calibrator.method}) -> {final}")
-            with atomic_dir(final) as tmp:
-                on_device = [[map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm)]
-                quantized = quantize(source.instantiate(device), build, on_device[0], on_device[1])
+            with atomic_dir(final) as tmp, stage(f"build {build.name}"):
+                with stage("instantiate the BF16 transformer"):
+                    on_device = [[map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm)]
+                    model = source.instantiate(device)
+                with stage("quantize (recipe, calibration)"):
+                    quantized = quantize(model, build, on_device[0], on_device[1])
                 exported = export_build(quantized, build, source, on_device[0][0], tmp, _build_files(build))
                 uses_data = build.needs_algorithm_data
                 write_json(tmp / "provenance.json", {
@@ -261,11 +271,11 @@ def run_builds(request: BuildRequest) -> bool:
                     "config_sha256": build.digest(),
                     "date": build_date(),
                 })
-                del quantized, on_device
+                del quantized, on_device, model
             progress.console.print(f"  {exported['quantized_linears']} FP8 Linears written")
-            written.append(build)
             progress.advance(task)
+    world().barrier()  # the RTN build, the others' reference, is in place
     from release.verify import VerifyRequest, verify_builds
 
     return verify_builds([VerifyRequest.create(b.name, request.out, None, request.source, request.observations,
-                                               require_reference=False) for b in written])
+                                               require_reference=False) for b in request.builds])

@@ -259,6 +259,21 @@ def _where(path: str, split: str, t: Any) -> str:
     return f"{t(PATH_LABELS[path])}, {t(SPLIT_LABELS[split])}"
 
 
+def speed_lines(records: list[dict[str, Any]], f: Formatter, t: Any) -> list[str]:
+    """The rollout latency and peak GPU memory of this build beside BF16's, for each path measured on a GPU."""
+    lines = []
+    for r in records:
+        s = r.get("speed")
+        if s:
+            lines.append(t(_("Speed and memory ({where}, {device}): {seconds} s vs {bf16_seconds} s per rollout for "
+                             "BF16 (median of {n} rollouts each), peak GPU memory {gib} vs {bf16_gib} GiB.")).format(
+                where=_where(r["path"], r["split"], t), device=s["build"]["device"],
+                seconds=f.num(s["build"]["seconds"], 2), bf16_seconds=f.num(s["bf16"]["seconds"], 2),
+                n=s["build"]["rollouts"], gib=f.num(s["build"]["peak_gib"], 1),
+                bf16_gib=f.num(s["bf16"]["peak_gib"], 1)))
+    return lines
+
+
 def scheme_of(record: dict[str, Any]) -> str:
     return str(record.get("scheme") or PER_TENSOR)
 
@@ -953,7 +968,7 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
                                                                                           strict=True)
                                           if status == "skipped"),
         "plot": plot, "min_obs": min_observations(),
-        "fidelity_rows": fidelity_rows(mine + baseline + yardsticks, f, t),
+        "fidelity_rows": fidelity_rows(mine + baseline + yardsticks, f, t), "speed": speed_lines(mine, f, t),
         "comparison": comparison_context(release, build, prov, tables, selection, provenances, langs, f, t),
         "caveats": caveats,
         "selection": selection_context(selection, build, f, t),

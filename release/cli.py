@@ -18,6 +18,9 @@ class _Group(click.Group):
     """Turns every error into one line on stderr; tracebacks only with ``RELEASE_DEBUG=1``."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from release import profile
+        from release.distributed import world
+
         try:
             result = super().invoke(ctx)
         except ReleaseError as exc:
@@ -36,7 +39,9 @@ class _Group(click.Group):
             click.echo(f"internal error: {type(exc).__name__}: {exc} (rerun with {DEBUG_ENV}=1 for a traceback)",
                        err=True)
             sys.exit(1)
-        if ctx.invoked_subcommand in USES_BUILDS:  # after the work: an error stays one line
+        finally:
+            profile.report(str(ctx.invoked_subcommand), world().rank)
+        if ctx.invoked_subcommand in USES_BUILDS and world().main:  # after the work: an error stays one line
             from release.config import builds_source
 
             where, why = builds_source()
@@ -54,6 +59,10 @@ Environment:
   RELEASE_CACHE         calibration captures, rollouts and hashes (default .cache/release)
   RELEASE_DEVICE        auto (default: CUDA when present), cpu or cuda
   RELEASE_DEBUG=1       tracebacks instead of one-line errors
+  RELEASE_PROFILE=FILE  the time and peak GPU memory of each stage, written to FILE as JSON (and printed)
+  WORLD_SIZE, RANK, LOCAL_RANK
+                        set by torchrun: build, verify and eval split their work across the processes
+  RELEASE_DIST_TIMEOUT  under torchrun: seconds a rank waits for the others' shares (default 86400)
   SOURCE_DATE_EPOCH     pins the date recorded in provenance.json, selection.json and tables.json
   HF_TOKEN              the Hub token for push (else the huggingface_hub login); never printed
   HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE
@@ -71,8 +80,10 @@ USES_BUILDS = {"build", "verify", "eval", "import-served", "tables", "select", "
 def main(ctx: click.Context, builds: Path | None) -> None:
     """Build, verify, document and publish FP8 builds of Cosmos3-Nano-Policy-DROID."""
     from release import config
+    from release.distributed import join
 
     _quiet_libraries()
+    join(ctx.invoked_subcommand)  # torchrun: the process group, before any work
     config.BUILDS_OPTION.clear()  # one process may run several commands (tests, notebooks)
     if builds is not None:
         if not (builds / "release.yaml").is_file():

@@ -26,14 +26,16 @@ from release import ReleaseError, __version__, fp8
 from release.config import BuildConfig, PolicySettings, ReleaseConfig, load_build, load_release
 from release.io import atomic_write, read_json, write_json
 from release.observations import Observation, action_sigma, load_observations
+from release.profile import device_name, stage
 from release.source import resolve_source, source_revision
 
 Path_ = Literal["fakequant", "deployed", "served"]
 Split = Literal["calibration", "validation", "all"]
 RESULTS = "results"
+PERF = ".perf.json"  # beside a cached rollout or a results file: latency and peak GPU memory
 YARDSTICKS = "yardsticks"
 SEEDS_YARDSTICK = (4, 4)  # observations x seeds
-EMULATION = "fp8-gemm-emulation/4"  # fp32 input quotient; Hopper's fast-accumulation arithmetic; row-wise
+EMULATION = "fp8-gemm-emulation/5"  # fp32 input quotient; Hopper's fast-accumulation arithmetic (zero codes); row-wise
 
 
 EXTERNAL = "external"  # <dist>/external/<name>/: an FP8 checkpoint made elsewhere, evaluated beside the builds
@@ -49,6 +51,7 @@ class Subject:
     checkpoint: Path  # the folder that is loaded
     results: Path  # where its results/ go
     revision: str | None = None  # an external checkpoint's commit or content hash (its rollouts' cache key)
+    spec: str | None = None  # an external checkpoint as named on the command line
 
 
 def external_name(spec: str) -> str:
@@ -116,17 +119,12 @@ class EvalRequest:
                                    "be a ModelOpt FP8 checkpoint in NVIDIA's diffusers layout")
             name = external_name(external)
             subjects.append(Subject(_as_external(name, external_title), folder, dist / EXTERNAL / name,
-                                    source_identity(folder).revision))
+                                    source_identity(folder).revision, external))
         src = resolve_source(release, source)
         obs = observations or src.parent / "observations"
         if not (obs / "index.json").is_file():
             raise ReleaseError(f"observation set {obs} not found; pass --observations DIR")
         cache = Path(os.environ.get(CACHE_ENV, ".cache/release"))
-        for subject in subjects:  # what 'release tables' needs to score an external checkpoint
-            if subject.revision is not None:
-                write_json(subject.results / "external.json",
-                           {"name": subject.build.name, "title": subject.build.title, "checkpoint": external,
-                            "revision": subject.revision})
         return cls(release, subjects, path, split, dist, src, obs, cache, yardsticks)  # type: ignore[arg-type]
 
 
@@ -211,32 +209,65 @@ def _key(*parts: str) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
-def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], torch.nn.Module | None],
-             observations: list[Observation], seeds: list[int], pipe_kwargs: dict[str, Any]) -> np.ndarray:
-    """[N, chunk, dims] actions, one rollout per (observation, seed); cached per item so a run resumes."""
-    from rich.progress import Progress
-
+def _rollout_paths(request: EvalRequest, label: str, observations: list[Observation], seeds: list[int]) -> list[Path]:
     from release.build import observation_set_digest
-    from release.policy import compute_device, load_pipeline, rollout, settings_digest
+    from release.policy import compute_device, settings_digest
 
     device = compute_device()  # CPU and GPU rollouts differ: cache them apart
     folder = request.cache / "rollouts" / _key(label, device, source_revision(request.source),
                                                observation_set_digest(request.observations),
                                                settings_digest(request.release.policy))
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / f"obs-{o.obs_id:05d}-seed-{s}.npy" for o, s in zip(observations, seeds, strict=True)]
-    todo = [i for i, p in enumerate(paths) if not p.is_file()]
+    return [folder / f"obs-{o.obs_id:05d}-seed-{s}.npy" for o, s in zip(observations, seeds, strict=True)]
+
+
+def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], torch.nn.Module | None],
+             observations: list[Observation], seeds: list[int], pipe_kwargs: dict[str, Any]) -> np.ndarray:
+    """[N, chunk, dims] actions, one rollout per (observation, seed); cached per item so a run resumes. Under
+    torchrun each rank rolls out its share of the missing items, then every rank reads them all. On a GPU each
+    rollout's latency and peak memory are kept beside its actions (``performance`` reads them)."""
+    from rich.progress import Progress
+
+    from release.distributed import world
+    from release.policy import load_pipeline, rollout
+
+    paths = _rollout_paths(request, label, observations, seeds)
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    todo = world().share([i for i, p in enumerate(paths) if not p.is_file()])
     if todo:
-        pipe = load_pipeline(request.source, request.release.policy, transformer=make_transformer())
+        with stage("eval: load the policy"):
+            pipe = load_pipeline(request.source, request.release.policy, transformer=make_transformer())
         with Progress(transient=True) as progress:
-            task = progress.add_task(f"rollouts: {label}", total=len(todo))
+            task = progress.add_task(f"{world().tag}rollouts: {label}", total=len(todo))
             for i in todo:
                 settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
-                actions = rollout(pipe, observations[i], settings, **pipe_kwargs)
+                with stage(f"eval: rollouts {label.split(':')[0]}") as measure:
+                    actions = rollout(pipe, observations[i], settings, **pipe_kwargs)
+                if measure.peak_bytes is not None:  # before the actions: cached actions on a GPU have their figures
+                    write_json(paths[i].with_suffix(PERF), {"seconds": measure.seconds, "peak_bytes":
+                                                            measure.peak_bytes, "device": device_name()})
                 np.save(paths[i].with_suffix(".tmp.npy"), actions)
                 paths[i].with_suffix(".tmp.npy").replace(paths[i])
                 progress.advance(task)
+        del pipe
+    world().barrier()
     return np.stack([np.load(p) for p in paths])
+
+
+def performance(request: EvalRequest, label: str, observations: list[Observation],
+                seeds: list[int]) -> dict[str, Any] | None:
+    """The median latency and the peak GPU memory of the rollouts of ``label`` (None unless every one of them ran
+    on the same kind of GPU)."""
+    import json
+
+    paths = [p.with_suffix(PERF) for p in _rollout_paths(request, label, observations, seeds)]
+    if not all(p.is_file() for p in paths):
+        return None
+    records = [json.loads(p.read_text()) for p in paths]
+    if len({r["device"] for r in records}) != 1:
+        return None
+    return {"device": records[0]["device"], "rollouts": len(records),
+            "seconds_median": float(np.median([r["seconds"] for r in records])),
+            "peak_gib": max(r["peak_bytes"] for r in records) / 2**30}
 
 
 def save_results(path: Path, reference: np.ndarray, candidate: np.ndarray, observations: list[Observation],
@@ -244,8 +275,11 @@ def save_results(path: Path, reference: np.ndarray, candidate: np.ndarray, obser
     """The action chunks with each observation's metrics (domain notes §5); ``release tables`` adds the intervals."""
     import io
 
+    from release.distributed import world
     from release.stats import JOINTS, per_observation
 
+    if not world().main:  # under torchrun rank 0 writes
+        return
     po = per_observation(reference, candidate, sigma)
     buf = io.BytesIO()
     np.savez(buf, reference=reference, candidate=candidate, obs_ids=np.array([o.obs_id for o in observations]),
@@ -299,7 +333,10 @@ def _label(request: EvalRequest, subject: Subject) -> str:
 
 
 def run_eval(request: EvalRequest) -> list[Path]:
-    """Replay the policy for BF16 and each build on the split, store the results (and yardsticks if asked)."""
+    """Replay the policy for BF16 and each build on the split, store the results (and yardsticks if asked).
+    Under torchrun the ranks share the rollouts and rank 0 writes the results (the others return none)."""
+    from release.distributed import world
+
     policy: PolicySettings = request.release.policy
     obs = select(load_observations(request.observations), request.release, request.split)
     sigma = action_sigma(request.observations, request.release.action_stats, policy.action_dims)
@@ -318,10 +355,18 @@ def run_eval(request: EvalRequest) -> list[Path]:
                                  seeds, deployed_kwargs)
         out = subject.results / RESULTS / f"{request.path}-{request.split}.npz"
         save_results(out, reference, candidate, obs, seeds, sigma)
+        speed = {"bf16": performance(request, "bf16", obs, seeds), "build": performance(request, label, obs, seeds)}
+        if world().main and None not in speed.values():  # rollouts on a GPU: their latency and memory beside them
+            write_json(out.with_suffix(PERF), speed)
+        elif world().main:
+            out.with_suffix(PERF).unlink(missing_ok=True)  # an earlier run's figures are not these results'
+        if subject.revision is not None and world().main:  # what 'release tables' needs to score it
+            write_json(subject.results / "external.json", {"name": subject.build.name, "title": subject.build.title,
+                                                           "checkpoint": subject.spec, "revision": subject.revision})
         written.append(out)
     if request.yardsticks:
         written += run_yardsticks(request, obs, reference, sigma)
-    return written
+    return written if world().main else []
 
 
 def run_yardsticks(request: EvalRequest, obs: list[Observation], reference: np.ndarray,

@@ -29,6 +29,7 @@ from release import ReleaseError
 from release.config import BuildConfig
 from release.fp8 import FP8_MAX, weight_codes
 from release.io import write_json
+from release.profile import stage
 from release.recipes import Quantized, per_channel, quant_config, quantized_linears
 from release.recipes.base import module_weight
 from release.source import SourceModel
@@ -114,16 +115,18 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
-    model = _export_model(quantized, build, source, call)
+    with stage("export: prepare the model"):
+        model = _export_model(quantized, build, source, call)
     qconfig = nvidia_quantization_config(model, build)
     names = quantized_linears(model)
     device = next(model.parameters()).device.type
     emulate = build.arithmetic not in ("native", device)
     bf16_weights = {n: module_weight(model, n).detach().clone() for n in names} if emulate else {}
-    with warnings.catch_warnings():
+    with stage("export: compress (ModelOpt)"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mtq.compress(model)  # FP8 codes = (w / (amax / 448)) with the quotient in bf16, as ModelOpt's GEMM expects
-    state = {k: v.detach().as_subclass(torch.Tensor).contiguous().cpu() for k, v in model.state_dict().items()}
+    with stage("export: state to the CPU"):
+        state = {k: v.detach().as_subclass(torch.Tensor).contiguous().cpu() for k, v in model.state_dict().items()}
     for name in names:
         module: Any = model.get_submodule(name)  # a ModelOpt QuantLinear
         if state[f"{name}.weight"].dtype != torch.float8_e4m3fn:
@@ -151,19 +154,21 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
         state, filename_pattern="diffusion_pytorch_model{suffix}.safetensors",
         max_shard_size=_shard_size(source.folder / "transformer"),
     )
-    for filename, keys in split.filename_to_tensors.items():
-        save_file({k: state[k] for k in sorted(keys)}, str(tdir / filename), metadata={"format": "pt"})
+    with stage("export: write the shards"):
+        for filename, keys in split.filename_to_tensors.items():
+            save_file({k: state[k] for k in sorted(keys)}, str(tdir / filename), metadata={"format": "pt"})
     total = sum(t.numel() * t.element_size() for t in state.values())
     write_json(tdir / TRANSFORMER_INDEX,
                {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))})
     config = json.loads((source.folder / "transformer" / "config.json").read_text())
     write_json(tdir / "config.json", {**config, "quantization_config": qconfig})
     write_json(out / "hf_quant_config.json", {k: v for k, v in qconfig.items() if k != "runtime"})
-    modelopt_state = canonical_modelopt_state(mto.modelopt_state(model))
-    torch.save(modelopt_state, tdir / "modelopt_state.pth")
-    torch.save(modelopt_state, out / "modelopt_state.pth")
-
-    _copy_components(source.folder, out)
+    with stage("export: modelopt_state.pth"):
+        modelopt_state = canonical_modelopt_state(mto.modelopt_state(model))
+        torch.save(modelopt_state, tdir / "modelopt_state.pth")
+        torch.save(modelopt_state, out / "modelopt_state.pth")
+    with stage("export: copy the other components"):
+        _copy_components(source.folder, out)
     for rel, data in build_files.items():
         (out / BUILD_FILES).mkdir(exist_ok=True)
         (out / BUILD_FILES / rel).write_bytes(data)
@@ -172,8 +177,9 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
         "weight_map": {k: f"transformer/{v}" for k, v in sorted(split.tensor_to_filename.items())},
     })
     digest = hashlib.sha256()
-    for name in sorted(names):
-        digest.update(state[f"{name}.weight"].view(torch.uint8).numpy().tobytes())
+    with stage("export: hash the codes"):
+        for name in sorted(names):
+            digest.update(state[f"{name}.weight"].view(torch.uint8).numpy())  # the tensor's own bytes, no copy
     return {"quantized_linears": len(names), "codes_sha256": digest.hexdigest(),
             "codes": sum(state[f"{n}.weight"].numel() for n in names),
             "input_amax": {n: float(state[f"{n}.input_quantizer._amax"]) for n in sorted(names)

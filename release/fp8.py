@@ -22,18 +22,21 @@ def qdq(t: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * scale
 
 
-def weight_codes(weight: torch.Tensor, amax: torch.Tensor, arithmetic: str) -> tuple[torch.Tensor, torch.Tensor]:
+def weight_codes(weight: torch.Tensor, amax: torch.Tensor, arithmetic: str,
+                 device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 codes and scale of one weight, as ModelOpt's compress (``w / (amax / 448)``) makes them on a CPU or CUDA;
-    ``amax`` is a 0-dim tensor (per tensor) or ``(out, 1)`` (per output channel).
+    ``amax`` is a 0-dim tensor (per tensor) or ``(out, 1)`` (per output channel). ``device`` only carries the
+    operations out: each is one IEEE-rounded multiplication, division or conversion per element, the same bits on
+    any device, so a CUDA machine recomputes the CPU's codes on its GPU and the reverse.
 
     Measured on an H200 (``bench/gpu_rounding_probe.py``): CUDA divides by a Python scalar as a multiplication by
     fp32(1/448), and casts the scale to the weight's dtype before the division; the CPU keeps the scale in the amax
     dtype. With a bf16 amax (ModelOpt 0.47 on a bf16 model) both give the same codes; with an fp32 amax (as ModelOpt
     0.44 keeps it) about 3% of the codes differ.
     """
-    weight, amax = weight.cpu(), amax.cpu()
+    weight, amax = weight.to(device), amax.to(device)
     if arithmetic == "cuda":
-        scale = (amax.float() * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32)).to(amax.dtype)
+        scale = (amax.float() * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32, device=device)).to(amax.dtype)
         codes = (weight.float() / scale.to(weight.dtype).float()).to(weight.dtype).to(torch.float8_e4m3fn)
     else:
         scale = amax / FP8_MAX
@@ -55,14 +58,18 @@ def nan_codes(codes: torch.Tensor) -> int:
 def grid_step(value: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Spacing of the FP8 E4M3 grid at ``value`` (3 mantissa bits, subnormals below 2^-6), in weight units."""
     code = (value.float() / scale.float()).abs().clamp_min(2.0**-9)
-    exponent = torch.floor(torch.log2(code)).clamp_min(-6)
-    return scale.float() * torch.pow(2.0, exponent - 3)
+    exponent = (torch.frexp(code).exponent - 1).clamp_min(-6)  # floor(log2), exact (log2 may round up below 2^k)
+    return scale.float() * torch.pow(2.0, exponent.float() - 3)
 
 
 def _code_exponents(codes: torch.Tensor) -> torch.Tensor:
-    """The E4M3 exponent each code's significand is aligned with (subnormals and zero: -6), as int32."""
-    field = (codes.view(torch.uint8).to(torch.int32) >> 3) & 0xF
-    return field.clamp(min=1) - 7
+    """The E4M3 exponent each code's significand is aligned with (subnormals: -6), as int32. Zero (+0 and -0) gets
+    -64, so that a product with a zero operand never sets a step's alignment exponent (its sum stays below -56; the
+    smallest nonzero product's is -12): fitted on an H200 (``bench/gpu_subnormal_record.py``, ``BENCHMARKS.md``),
+    where counting a zero as -6 truncated the other products of its step whenever a large code multiplied it."""
+    bits = codes.view(torch.uint8).to(torch.int32)
+    exponent = ((bits >> 3) & 0xF).clamp(min=1) - 7
+    return torch.where((bits & 0x7F) == 0, torch.full_like(exponent, -64), exponent)
 
 
 def _exponent(x: torch.Tensor) -> torch.Tensor:
@@ -75,17 +82,36 @@ def _pow2(n: torch.Tensor) -> torch.Tensor:
     return ((n + 127) << 23).view(torch.float32)
 
 
-def hopper_accumulate(a: torch.Tensor, b: torch.Tensor, max_elements: int = 1 << 22) -> torch.Tensor:
+# (M, N, K) -> the K parts cuBLAS used on an H200 (torch 2.11, CUDA 13) for the shapes recorded with
+# bench/gpu_subnormal_record.py; K <= 4096 never split there. Other shapes are modelled unsplit.
+SPLIT_K = {(64, 256, 8192): 3, (64, 256, 12288): 4, (32, 256, 12288): 4, (64, 128, 12288): 4, (16, 128, 16384): 6}
+
+
+def hopper_accumulate(a: torch.Tensor, b: torch.Tensor, max_elements: int = 1 << 22,
+                      split: int | None = None) -> torch.Tensor:
     """``a @ b.T`` for FP8 E4M3 codes a [M, K] and b [N, K] as an H100/H200 FP8 tensor core with fast accumulation
     computes it (what ``torch._scaled_mm(..., use_fast_accum=True)`` returns at unit scales), as fp32.
 
-    Model, fitted to and checked against the H200 bit for bit (``bench/gpu_accum_record.py``, ``BENCHMARKS.md``):
-    K is taken 32 at a time (one ``wgmma`` k-step) in order. Each step aligns its 32 exact products and the running
-    accumulator to the largest of the products' exponent sums and the accumulator's exponent, truncates every term
-    toward zero at 13 bits below that exponent, adds them exactly, and truncates the sum toward zero to 13 bits
-    after its leading bit. Every operation here is exact in fp32, so a CPU and a GPU give the same bits. cuBLAS may
-    split a long K across thread blocks (it did for 64 x 12288 x 256); that reduction is not modelled.
+    Model, fitted to and checked against the H200 bit for bit (``bench/gpu_accum_record.py``,
+    ``bench/gpu_subnormal_record.py``, ``BENCHMARKS.md``): K is taken 32 at a time (one ``wgmma`` k-step) in order.
+    Each step aligns its 32 exact products and the running accumulator to the largest of the exponent sums of its
+    products with two nonzero codes (subnormal codes count as exponent -6) and the accumulator's exponent, truncates
+    every term toward zero at 13 bits below that exponent, adds them exactly, and truncates the sum toward zero to
+    13 bits after its leading bit. Every operation here is exact in fp32, so a CPU and a GPU give the same bits.
+
+    ``split``: cuBLAS splits a long K across thread blocks for some shapes (its heuristic; recorded ones in
+    ``SPLIT_K``, looked up when ``split`` is None): K cut into ``split`` parts of ceil(K / split / 256) * 256
+    columns (the last takes the rest), each accumulated from zero, the fp32 partial results added in K order.
     """
+    parts = SPLIT_K.get((a.shape[0], b.shape[0], a.shape[1]), 1) if split is None else split
+    if parts > 1:
+        width = -(-a.shape[1] // (parts * 256)) * 256
+        total = None
+        for k0 in range(0, a.shape[1], width):
+            part = hopper_accumulate(a[:, k0:k0 + width], b[:, k0:k0 + width], max_elements, split=1)
+            total = part if total is None else total + part
+        assert total is not None
+        return total
     m, k = a.shape
     out = torch.zeros(m, b.shape[0], dtype=torch.float32, device=a.device)
     af, bf = a.float(), b.float()
@@ -98,6 +124,7 @@ def hopper_accumulate(a: torch.Tensor, b: torch.Tensor, max_elements: int = 1 <<
             cols = slice(k0, k0 + 32)
             products = af[rows, None, cols] * bf[None, :, cols]  # exact: 4-bit x 4-bit significands
             top = torch.maximum((ea[rows, None, cols] + eb[None, :, cols]).amax(-1), _exponent(acc))
+            top = top.clamp(min=-100)  # only zeros so far: the step adds nothing, and 2^(13 - top) stays finite
             unit = _pow2(13 - top)  # terms in units of 2^(top - 13), then truncated: exact integers below 2^21
             total = (products * unit[..., None]).trunc().sum(-1) + (acc * unit).trunc()
             lead = torch.where(total == 0, 0, _exponent(total))

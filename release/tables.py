@@ -16,8 +16,8 @@ import pandas as pd
 
 from release import ReleaseError
 from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
-from release.evaluate import RESULTS, YARDSTICKS, external_builds
-from release.io import atomic_write, build_date, output_folder, write_json
+from release.evaluate import PERF, RESULTS, YARDSTICKS, external_builds
+from release.io import atomic_write, build_date, output_folder, read_json, write_json
 from release.stats import (
     Difference,
     PerObservation,
@@ -125,6 +125,29 @@ def read_results(file: Path, dims: int) -> PerObservation:
     return po
 
 
+def read_speed(file: Path) -> dict[str, Any] | None:
+    """The rollout latency and peak GPU memory that ``release eval`` on a GPU wrote beside the results ``file``,
+    BF16's and the build's (None when the rollouts ran on a CPU)."""
+    path = file.with_suffix(PERF)
+    if not path.is_file():
+        return None
+    doc = read_json(path, "rollout latency and memory", "release eval", ("bf16", "build"))
+    try:
+        sides: dict[str, dict[str, Any]] = {
+            side: {"device": str(doc[side]["device"]), "rollouts": int(doc[side]["rollouts"]),
+                   "seconds": float(doc[side]["seconds_median"]), "peak_gib": float(doc[side]["peak_gib"])}
+            for side in ("bf16", "build")}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ReleaseError(f"{path}: field {exc} is missing or not a number (each of 'bf16' and 'build' holds "
+                           "device, rollouts, seconds_median, peak_gib); re-run 'release eval' to rewrite it") from None
+    if not all(math.isfinite(v) and v > 0 for s in sides.values() for v in (s["seconds"], s["peak_gib"])):
+        raise ReleaseError(f"{path}: seconds_median and peak_gib must be positive numbers; re-run 'release eval'")
+    if sides["bf16"]["device"] != sides["build"]["device"]:
+        raise ReleaseError(f"{path}: BF16 ran on {sides['bf16']['device']}, the build on {sides['build']['device']}; "
+                           "re-run 'release eval' on one machine")
+    return sides
+
+
 def load_results(folder: Path, build: BuildConfig, dims: int) -> list[Result]:
     out = []
     for file in sorted((folder / RESULTS).glob("*.npz")):
@@ -192,7 +215,7 @@ def build_tables(request: TablesRequest) -> tuple[list[dict[str, Any]], dict[str
                                   **concentration(r.per_obs),
                                   "x_eager_vs_compile": x_compile(s, r.split),
                                   "gate": gate(s, r.build.gate.overall_sigma, r.build.gate.gripper_change_rate),
-                                  **_comparison(None)}
+                                  "speed": read_speed(r.file), **_comparison(None)}
         base = baselines.get((r.path, r.split))
         if base is not None and r.build.name != request.baseline:
             if not np.array_equal(base.per_obs.obs_ids, r.per_obs.obs_ids):

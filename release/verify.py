@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from release import ReleaseError
 from release.config import BuildConfig, ReleaseConfig, load_build, load_release
 from release.io import atomic_write, sha256_file, write_json
+from release.profile import stage
 from release.source import resolve_checkpoint, resolve_source
 
 REPORT_DIR = "verification"
@@ -34,7 +35,8 @@ REPORT_MD = f"{REPORT_DIR}/report.md"
 REPORT_FORMAT = "release-verification/2"
 # Written after verification, by ``release card`` (the card files) and ``release eval`` / ``import-served`` (the
 # results): not in the manifest, pushed as they are (and scanned for secrets). ``*`` does not cross a ``/``.
-AFTER_VERIFICATION = ("README.md", "README.*.md", "LICENSE", "forest.*.png", "results/*.npz")
+AFTER_VERIFICATION = ("README.md", "README.*.md", "LICENSE", "forest.*.png", "results/*.npz",
+                      "results/*.perf.json")
 TOOL_SIDECARS = ("provenance.json", "smoothing_scales.safetensors", "results/", "builds/")  # results: `release eval`
 DOCUMENTATION = ("README", "LICENSE", ".gitattributes", "forest.png")
 BASE_MODEL_BRANCHES = ("sound_tokenizer/", "audio_")
@@ -382,6 +384,7 @@ def check_values(folder: Path, source: Path, source_tensors: dict[str, torch.Ten
     source; the reconstruction error on calibration data that the build measured is reported beside it.
     """
     from release.fp8 import dequantize, grid_step, nan_codes, weight_codes
+    from release.policy import compute_device
     from release.recipes import per_channel
 
     problems: list[str] = []
@@ -402,6 +405,7 @@ def check_values(folder: Path, source: Path, source_tensors: dict[str, torch.Ten
         bound = 0.0
     per_channel_scheme = recipe.get("scheme") == per_channel.SCHEME
     expected = expected_weights(src, folder, provenance)
+    device = compute_device()
     fp8 = [k for k, v in built.items() if v.dtype == torch.float8_e4m3fn]
     worst = worst_error = 0.0
     for key in fp8:
@@ -414,9 +418,9 @@ def check_values(folder: Path, source: Path, source_tensors: dict[str, torch.Ten
         if w is None:
             problems.append(f"tensor {key}: not in the source")
             continue
-        codes = built[key]
+        w, codes = w.to(device), built[key].to(device)  # on the GPU where there is one: ~8 element-wise passes
         if own_codes:
-            scale = built[f"{linear}.weight_quantizer._scale"]
+            scale = built[f"{linear}.weight_quantizer._scale"].to(device)
             bad = nan_codes(codes)
             if bad:
                 problems.append(f"tensor {key}: {bad} FP8 codes are NaN")
@@ -427,7 +431,7 @@ def check_values(folder: Path, source: Path, source_tensors: dict[str, torch.Ten
                 problems.append(f"tensor {key}: dequantizes {error:.3f} (relative) from the source weight, more than "
                                 f"the recipe's {bound}")
             continue
-        recomputed, scale = weight_codes(w, built[f"{linear}.weight_quantizer._amax"], arithmetic)
+        recomputed, scale = weight_codes(w, built[f"{linear}.weight_quantizer._amax"], arithmetic, device)
         if not torch.equal(recomputed.view(torch.uint8), codes.view(torch.uint8)):
             n = int((recomputed.view(torch.uint8) != codes.view(torch.uint8)).sum())
             problems.append(f"tensor {key}: {n} FP8 codes differ from a recomputation from the source")
@@ -574,22 +578,23 @@ def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | Non
     (``source_tensors``: the source's transformer tensors, when several builds of one source are verified)."""
     manifest = file_manifest(request.folder)  # before the checks: a file changed while they run fails the push
     checks: list[Check] = []
-    runners: list[Callable[[], Check]] = []
+    runners: list[tuple[str, Callable[[], Check]]] = []
     if request.reference is not None:
         ref = request.reference
         scheme = request.build.scheme
-        runners += [lambda: check_layout(request.folder, ref, scheme),
-                    lambda: check_quant_configs(request.folder, ref, scheme),
-                    lambda: check_modelopt_states(request.folder, ref, scheme)]
+        runners += [("layout", lambda: check_layout(request.folder, ref, scheme)),
+                    ("quantization_config", lambda: check_quant_configs(request.folder, ref, scheme)),
+                    ("modelopt_state", lambda: check_modelopt_states(request.folder, ref, scheme))]
     else:
         checks += [Check(name, "skipped", "skipped: no reference (build 'rtn' into the same folder, or run "
                                           "'release verify --reference DIR')")
                    for name in ("layout", "quantization_config", "modelopt_state")]
-    runners += [lambda: check_values(request.folder, request.source, source_tensors),
-                lambda: check_consistency(request.folder),
-                lambda: check_loadable(request)]
-    for run in runners:
-        checks.append(run())
+    runners += [("values", lambda: check_values(request.folder, request.source, source_tensors)),
+                ("consistency", lambda: check_consistency(request.folder)),
+                ("loadable", lambda: check_loadable(request))]
+    for name, run in runners:
+        with stage(f"verify: {name}"):
+            checks.append(run())
     markdown = render_markdown(request, checks).encode()
     manifest[REPORT_MD] = FileEntry(sha256=hashlib.sha256(markdown).hexdigest(), size=len(markdown))
     statuses = {c.status for c in checks}
@@ -667,20 +672,24 @@ def gate(folder: Path, report: Report | None) -> str | None:
 
 
 def verify_builds(requests: list[VerifyRequest]) -> bool:
-    """Verify each build and print its summary; True when no check of any build failed (skipped ones are shown)."""
+    """Verify each build and print its summary; True when no check of any build failed (skipped ones are shown).
+    Under torchrun each rank verifies its share and all get the same answer."""
     from rich.console import Console
+
+    from release.distributed import world
 
     console = Console(width=160)
     ok = True
     sources: dict[Path, dict[str, torch.Tensor]] = {}
-    for request in requests:
+    for request in world().share(requests):
         if request.source not in sources:  # each source read once, however many builds of it are verified
             sources.clear()
             problems: list[str] = []
-            tensors = _tensors(request.source / "transformer", problems)
+            with stage("verify: read the source"):
+                tensors = _tensors(request.source / "transformer", problems)
             if not problems:
                 sources[request.source] = tensors
         checks = verify(request, sources.get(request.source))
         console.print(summary_table(request, checks))
         ok &= all(c.status != "failed" for c in checks)
-    return ok
+    return world().all_true(ok)

@@ -115,14 +115,29 @@ def test_loads_in_diffusers_and_rolls_out(rtn_build: Path, tiny: Path) -> None:
     assert 0 < np.abs(actions - reference).max() < 0.5  # FP8, yet close to the BF16 policy
 
 
-def test_second_build_reuses_calibration_and_is_identical(rtn_build: Path, tiny: Path, tmp_path: Path) -> None:
+def test_second_build_reuses_calibration_and_is_identical(rtn_build: Path, tiny: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """... and RELEASE_PROFILE times its stages (no GPU here: no memory figures)."""
+    monkeypatch.setenv("RELEASE_PROFILE", str(tmp_path / "profile.json"))
     result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
-                    "--out", tmp_path)
+                    "--out", tmp_path / "dist")
     assert result.exit_code == 0, result.output
     assert "capturing" not in result.output
-    again = tmp_path / rtn_build.name
+    again = tmp_path / "dist" / rtn_build.name
     for shard in sorted((rtn_build / "transformer").glob("*.safetensors")):
         assert shard.read_bytes() == (again / "transformer" / shard.name).read_bytes()
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["command"] == "build" and profile["device"] == "cpu"
+    stages = {s["stage"]: s for s in profile["stages"]}
+    assert list(stages)[:4] == ["load the calibration capture", "load the source", "instantiate the BF16 transformer",
+                                "quantize (recipe, calibration)"]
+    assert {"export: compress (ModelOpt)", "export: write the shards", "build rtn", "verify: read the source",
+            "verify: values", "verify: loadable"} <= set(stages)
+    assert "capture: rollouts" not in stages  # the capture was cached
+    assert all(s["calls"] == 1 and s["seconds"] >= 0 and s["peak_gib"] is None for s in stages.values())
+    inner = sum(stages[s]["seconds"] for s in stages if s.startswith(("instantiate", "quantize", "export")))
+    assert inner <= stages["build rtn"]["seconds"]
+    assert "release build: stages (cpu)" in result.output
 
 
 @pytest.mark.parametrize("args, message", [

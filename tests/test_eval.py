@@ -148,3 +148,23 @@ def test_deployed_linear_equals_modelopt_gemm_on_the_h200(name: str) -> None:
                                    weight=_fp8(f"module/{name}/weight"), bias=None)
     out = per_tensor_forward(module, _bf16(f"module/{name}/input"))
     assert torch.equal(out, _bf16(f"module/{name}/output"))
+
+
+SUBNORMAL = np.load(Path(__file__).parent / "data" / "h200_subnormal.npz")  # made by bench/gpu_subnormal_record.py
+SUBNORMAL_CASES = sorted({k.rsplit("/", 1)[0] for k in SUBNORMAL.files if "/" in k})
+
+
+@pytest.mark.parametrize("case", SUBNORMAL_CASES)
+def test_accumulation_equals_the_h200_on_subnormal_codes(case: str) -> None:
+    """Recorded on the H200: subnormal-heavy codes (and zeros beside large codes), mixed classes per row, a long K that
+    cuBLAS split; the row-wise kernel's bf16 output with scales and bias."""
+    a, b = (torch.from_numpy(SUBNORMAL[f"{case}/{x}"]).view(torch.float8_e4m3fn) for x in "ab")
+    acc = hopper_accumulate(a, b)
+    assert torch.equal(acc.view(torch.int32), torch.from_numpy(SUBNORMAL[f"{case}/acc"]))
+    if case.startswith("splitk_"):  # the split is what makes it exact
+        assert not torch.equal(hopper_accumulate(a, b, split=1), acc)
+    if case.startswith("rowwise_"):
+        sa, sb = (torch.from_numpy(SUBNORMAL[f"{case}/{s}"]) for s in ("sa", "sb"))
+        bias = torch.from_numpy(SUBNORMAL[f"{case}/bias"]).view(torch.bfloat16)
+        out = emulated_gemm(a, b, sa, sb, bias, torch.bfloat16)
+        assert torch.equal(out.view(torch.int16), torch.from_numpy(SUBNORMAL[f"{case}/out"]))

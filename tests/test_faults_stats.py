@@ -271,3 +271,44 @@ def test_seed_yardstick_resamples_observations(dist: Path) -> None:
     seed = tables(dist)[("yardstick-seed", "yardstick")]
     assert seed["n_obs"] == 4 and seed["n_steps"] == 16 * 32  # 4 observations x 4 seeds
     assert seed["overall_ci"] is None and seed["too_few_observations"]  # 4 observations: below the minimum of 6
+
+
+# rollout latency and memory (issue 14, item 4) -----------------------------------------------------------------------
+
+def _speed(seconds: float, gib: float, device: str = "NVIDIA H200") -> dict[str, Any]:
+    return {"device": device, "rollouts": 16, "seconds_median": seconds, "peak_gib": gib}
+
+
+def test_rollout_speed_beside_the_results_reaches_tables_and_cards(dist: Path) -> None:
+    """What 'release eval' on a GPU writes beside a results file: the card states it next to BF16's."""
+    perf = dist / _repo("sq_auto") / "results" / "deployed-validation.perf.json"
+    perf.write_text(json.dumps({"bf16": _speed(0.7612, 28.93), "build": _speed(0.9489, 15.91)}))
+    rows = tables(dist)
+    assert rows[("sq_auto", "deployed")]["speed"] == {
+        "bf16": {"device": "NVIDIA H200", "rollouts": 16, "seconds": 0.7612, "peak_gib": 28.93},
+        "build": {"device": "NVIDIA H200", "rollouts": 16, "seconds": 0.9489, "peak_gib": 15.91}}
+    assert rows[("rtn", "deployed")]["speed"] is None  # measured on a CPU: no figures
+    en, ko = cards(dist)
+    assert ("Speed and memory (deployed FP8 build (diffusers), held-out labs, NVIDIA H200): 0.95 s vs 0.76 s per "
+            "rollout for BF16 (median of 16 rollouts each), peak GPU memory 15.9 vs 28.9 GiB.") in en
+    assert ("롤아웃 한 번에 0.95초, BF16은 0.76초(각각 롤아웃 16회의 중앙값), 최대 GPU 메모리 15.9 GiB, "
+            "BF16은 28.9 GiB") in ko
+    assert "Speed and memory" not in cards(dist, "rtn")[0]
+
+
+@pytest.mark.parametrize(("doc", "message"), [
+    ("[1]", "expected a JSON object"),
+    ("{", "not valid JSON"),
+    (json.dumps({"bf16": _speed(0.7, 28.9)}), "field 'build' is missing"),
+    (json.dumps({"bf16": _speed(0.7, 28.9), "build": {"device": "x"}}), "field 'rollouts' is missing"),
+    (json.dumps({"bf16": _speed(0.7, 28.9), "build": _speed(-1.0, 15.9)}), "must be positive numbers"),
+    (json.dumps({"bf16": _speed(0.7, 28.9), "build": _speed(0.9, 15.9, "NVIDIA L4")}),
+     "BF16 ran on NVIDIA H200, the build on NVIDIA L4"),
+])
+def test_bad_rollout_speed_is_a_one_line_error(dist: Path, doc: str, message: str) -> None:
+    perf = dist / _repo("sq_auto") / "results" / "deployed-validation.perf.json"
+    perf.write_text(doc)
+    result = invoke("tables", "--dist", dist, "--resamples", RESAMPLES)
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"error: {perf}: ") and message in result.output, result.output
+    assert not (dist / "tables").exists()

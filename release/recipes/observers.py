@@ -1,5 +1,6 @@
 """Activation observers ModelOpt lacks for FP8 (domain notes §6): their input amax values replace ModelOpt's max
-calibration in the input quantizers.
+calibration in the input quantizers. The observer also takes each input's max |x| on every build, the same value
+ModelOpt's max calibrator collects, in one pass of the BF16 model with a hook per Linear.
 
 * a moving average of each call's maximum;
 * the range-shrink observer (Texas Instruments edgeai-tensorlab): a moving average of each call's signed bounds with
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 from release.config import Calibrator
-from release.recipes.base import finite
+from release.recipes.base import FiniteCheck, input_hooks
 
 
 def tail_quantiles(x: torch.Tensor, q: float) -> torch.Tensor:
@@ -50,11 +51,24 @@ class Observer:
         self.calibrator = calibrator
         self.names = names
         self.call = 0
+        self.max: dict[str, torch.Tensor] = {}  # max |x| over the calls, in the input's dtype (ModelOpt's max)
         self.ema: dict[str, torch.Tensor] = {}
         self.hist: dict[str, Any] = {}
+        self.finite = FiniteCheck()
+
+    @torch.no_grad()
+    def observe(self, model: torch.nn.Module, calls: list[dict[str, Any]]) -> None:
+        """Record the input of every observed Linear over ``calls``."""
+        with input_hooks(model, self.names, self.record):
+            for index, call in enumerate(calls):
+                self.call = index
+                model(**call)
+        self.finite.check()
 
     def record(self, name: str, x: torch.Tensor) -> None:
-        finite(x, name, self.call)
+        self.finite.record(x, name, self.call)
+        cur_max = x.abs().amax()
+        self.max[name] = cur_max if name not in self.max else torch.maximum(self.max[name], cur_max)
         method = self.calibrator.method
         if method in ("moving_average", "range_shrink"):
             cur = x.abs().amax().float() if method == "moving_average" \

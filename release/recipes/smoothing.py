@@ -24,7 +24,15 @@ from release import ReleaseError
 from release.config import BuildConfig
 from release.fp8 import qdq
 from release.recipes import per_channel
-from release.recipes.base import Context, Step, finite, input_hooks, module_weight, quantized_linears_of, sample_rows
+from release.recipes.base import (
+    Context,
+    FiniteCheck,
+    Step,
+    input_hooks,
+    module_weight,
+    quantized_linears_of,
+    sample_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -73,9 +81,10 @@ def collect(model: torch.nn.Module, groups: list[Group], calls: list[dict[str, A
     first = {g.linears[0]: g for g in groups}
     stats = Statistics({}, {}, {}, {g.anchor: [] for g in groups})
     current = {"call": 0}
+    finite = FiniteCheck()
 
     def record(name: str, x: torch.Tensor) -> None:
-        finite(x, name, current["call"])
+        finite.record(x, name, current["call"])
         anchor = first[name].anchor
         x2 = x.reshape(-1, x.shape[-1]).float().abs()
         cur = x2.amax(dim=0)
@@ -88,6 +97,7 @@ def collect(model: torch.nn.Module, groups: list[Group], calls: list[dict[str, A
         for index, call in enumerate(calls):
             current["call"] = index
             model(**call)
+    finite.check()
     return stats
 
 

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Where a Nano-size build's time and GPU memory go, against the I/O floor of the same bytes, and the rollout
+# latency and memory of BF16 vs the deployed FP8 build, all in one run on one GPU machine.
+#   1. the wheels into a venv (as bench/gpu_install.sh), `release fixture nano` (random weights at the real shapes);
+#   2. I/O floor: the source transformer read with O_DIRECT (cold: no page cache), 16 GB written with fdatasync;
+#   3. `release build $BUILDS` (default rtn) with RELEASE_PROFILE (stage breakdown: load, capture, quantize,
+#      export, each check);
+#   4. `release eval rtn --path deployed --split validation` with RELEASE_PROFILE (rollout latency and memory,
+#      also kept in results/deployed-validation.perf.json);
+#   5. one BF16 and one deployed rollout under torch.profiler (bench/gpu_rollout_profile.py): where the time goes.
+# Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]   steps: setup floor build eval profile (default: all)
+set -euo pipefail
+wheels=$(realpath "$1") work=$(realpath -m "$2") out=$(realpath -m "$3")
+shift 3
+steps=${*:-setup floor build eval profile}
+here=$(dirname "$(realpath "$0")")
+mkdir -p "$work" "$out"
+cd "$work"
+export RELEASE_CACHE=$work/cache SOURCE_DATE_EPOCH=1700000000
+r=$work/venv/bin/release
+common=(--source fx/source --observations fx/observations)
+timed() { local name=$1; shift; SECONDS=0; "$@" >>"$out/log.txt" 2>&1; echo "| $name | ${SECONDS} s |" | tee -a "$out/times.md"; }
+for step in $steps; do
+  case $step in
+    setup)
+      python3 -m venv venv
+      python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' \
+        >"$(venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/machine-torch.pth"
+      venv/bin/pip install --quiet --no-index --find-links "$wheels" "$wheels"/release-*.whl
+      timed "release fixture nano" $r fixture nano --out fx ;;
+    floor)
+      # O_DIRECT bypasses the page cache the fixture just filled: what a cold read of these shards costs
+      timed "read the source transformer (O_DIRECT)" bash -c \
+        'for f in fx/source/transformer/*.safetensors; do dd if="$f" of=/dev/null bs=64M iflag=direct status=none; done'
+      du -sb fx/source/transformer | tee -a "$out/times.md"
+      timed "write 16 GiB with fdatasync" dd if=/dev/zero of=floor.bin bs=64M count=256 conv=fdatasync status=none
+      rm -f floor.bin ;;
+    build)
+      timed "release build ${BUILDS:-rtn}" env RELEASE_PROFILE="$out/build-profile.json" $r build ${BUILDS:-rtn} \
+        "${common[@]}" --out dist
+      du -sb dist/* | tee -a "$out/times.md" ;;
+    eval)
+      timed "release eval rtn --path deployed --split validation" \
+        env RELEASE_PROFILE="$out/eval-profile.json" $r eval rtn --path deployed --split validation "${common[@]}" --dist dist
+      cp dist/*/results/*.perf.json "$out/" ;;
+    profile)
+      timed "rollout profile" bash -c "venv/bin/python '$here/gpu_rollout_profile.py' fx/source fx/observations \
+        dist/Cosmos3-Nano-Policy-DROID-FP8 >'$out/rollout_profile.txt'" ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+  esac
+done

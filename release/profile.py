@@ -1,0 +1,103 @@
+"""Where a command's time and GPU memory go: named stages, each timed with the GPU synchronised and with the peak
+GPU memory allocated while it ran. ``RELEASE_PROFILE=FILE`` writes them as JSON when the command ends (and prints a
+table); ``release eval`` keeps each rollout's measurement beside its cached actions.
+
+Stages may nest (a rollout inside an eval): torch has one peak counter, so entering a stage hands the peak reached
+so far to the stage around it before resetting the counter, and leaving hands its own peak up.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROFILE_ENV = "RELEASE_PROFILE"
+GIB = 2**30
+
+
+@dataclass
+class Measure:
+    name: str
+    seconds: float = 0.0
+    peak_bytes: int | None = None  # None on the CPU
+    calls: int = 0
+    _seen: int = field(default=0, repr=False)  # the peak of the stages nested in the open one
+
+    def row(self) -> dict[str, object]:
+        return {"stage": self.name, "seconds": round(self.seconds, 3), "calls": self.calls,
+                "peak_gib": None if self.peak_bytes is None else round(self.peak_bytes / GIB, 2)}
+
+
+_OPEN: list[Measure] = []
+_DONE: dict[str, Measure] = {}
+
+
+def _cuda() -> Any:
+    """torch.cuda when a GPU is in use, else None (torch is not imported for a command that never loaded it)."""
+    torch = sys.modules.get("torch")
+    return torch.cuda if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized() else None
+
+
+@contextmanager
+def stage(name: str) -> Iterator[Measure]:
+    """Time ``name`` (added up over repeated entries); the Measure of this one entry is yielded, filled on exit."""
+    this, cuda = Measure(name), _cuda()
+    if cuda:
+        cuda.synchronize()
+        if _OPEN:
+            _OPEN[-1]._seen = max(_OPEN[-1]._seen, cuda.max_memory_allocated())
+        cuda.reset_peak_memory_stats()
+    _OPEN.append(this)
+    start = time.perf_counter()
+    try:
+        yield this
+    finally:
+        _OPEN.pop()
+        cuda = cuda or _cuda()  # a stage may be the one that starts using the GPU
+        if cuda:
+            cuda.synchronize()
+            this.peak_bytes = max(cuda.max_memory_allocated(), this._seen)
+            if _OPEN:
+                _OPEN[-1]._seen = max(_OPEN[-1]._seen, this.peak_bytes)
+        this.seconds, this.calls = time.perf_counter() - start, 1
+        total = _DONE.setdefault(name, Measure(name))
+        total.seconds += this.seconds
+        total.calls += 1
+        if this.peak_bytes is not None:
+            total.peak_bytes = max(total.peak_bytes or 0, this.peak_bytes)
+
+
+def report(command: str, rank: int = 0) -> None:
+    """Write and print the stages of ``command`` when ``RELEASE_PROFILE`` names a file (rank N > 0: FILE.rankN);
+    either way the next command starts with none (one process may run several: tests, notebooks)."""
+    target = os.environ.get(PROFILE_ENV)
+    rows = [m.row() for m in _DONE.values()]
+    _DONE.clear()
+    if not target or not rows:
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from release.io import write_json
+
+    path = Path(target if rank == 0 else f"{target}.rank{rank}")
+    device = device_name()
+    write_json(path, {"command": command, "device": device, "stages": rows})
+    table = Table(title=f"release {command}: stages ({device}) -> {path}", title_justify="left")
+    for column in ("stage", "seconds", "calls", "peak GiB"):
+        table.add_column(column, justify="left" if column == "stage" else "right")
+    for r in rows:
+        table.add_row(str(r["stage"]), f"{r['seconds']:.2f}", str(r["calls"]),
+                      "-" if r["peak_gib"] is None else f"{r['peak_gib']:.2f}")
+    Console(stderr=True).print(table)
+
+
+def device_name() -> str:
+    cuda = _cuda()
+    return str(cuda.get_device_name()) if cuda else "cpu"
