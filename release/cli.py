@@ -81,8 +81,10 @@ def main(ctx: click.Context, builds: Path | None) -> None:
     """Build, verify, document and publish FP8 builds of Cosmos3-Nano-Policy-DROID."""
     from release import config
     from release.distributed import join
+    from release.profile import check_target
 
     _quiet_libraries()
+    check_target()
     join(ctx.invoked_subcommand)  # torchrun: the process group, before any work
     config.BUILDS_OPTION.clear()  # one process may run several commands (tests, notebooks)
     if builds is not None:

@@ -73,6 +73,16 @@ def stage(name: str) -> Iterator[Measure]:
             total.peak_bytes = max(total.peak_bytes or 0, this.peak_bytes)
 
 
+def check_target() -> None:
+    """Before any work: ``RELEASE_PROFILE`` must name a file, so that a long run does not end on an unwritable one."""
+    from release import ReleaseError
+
+    target = os.environ.get(PROFILE_ENV)
+    if target and Path(target).is_dir():
+        raise ReleaseError(f"{PROFILE_ENV}={target} is a folder; name a file to write the stages to, e.g. "
+                           f"{Path(target) / 'profile.json'}")
+
+
 def report(command: str, rank: int = 0) -> None:
     """Write and print the stages of ``command`` when ``RELEASE_PROFILE`` names a file (rank N > 0: FILE.rankN);
     either way the next command starts with none (one process may run several: tests, notebooks)."""

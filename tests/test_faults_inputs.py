@@ -360,3 +360,12 @@ def test_source_date_epoch_must_be_seconds(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
     with pytest.raises(ReleaseError, match="SOURCE_DATE_EPOCH"):
         build_date()
+
+
+def test_profile_target_that_is_a_folder_is_refused_before_any_work(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELEASE_PROFILE", str(tmp_path))
+    result = invoke("build", "rtn", "--source", tmp_path / "nope", "--out", tmp_path / "dist")
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert f"RELEASE_PROFILE={tmp_path} is a folder" in result.output
+    assert not (tmp_path / "dist").exists()

@@ -101,13 +101,11 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
                 if quantizer.is_enabled and not getattr(quantizer, "_dynamic", False):
                     quantizer.amax = observer.max[name]
             return
-        data = calls if first or build.layerwise else algorithm_calls
-        with input_hooks(m, names, observer.record) if first else contextlib.nullcontext():
-            for index, call in enumerate(data):
-                observer.call = index
-                m(**call)
-        if first:
-            observer.finite.check()
+        if first:  # layer by layer: ModelOpt's own pass, observed
+            observer.observe(m, calls)
+            return
+        for call in calls if build.layerwise else algorithm_calls:
+            m(**call)
 
     quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
     with warnings.catch_warnings(), quiet[0], quiet[1]:  # ModelOpt prints progress and tqdm bars; errors still raise
