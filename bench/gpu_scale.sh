@@ -7,8 +7,13 @@
 #      export, each check);
 #   4. `release eval rtn --path deployed --split validation` with RELEASE_PROFILE (rollout latency and memory,
 #      also kept in results/deployed-validation.perf.json);
-#   5. one BF16 and one deployed rollout under torch.profiler (bench/gpu_rollout_profile.py): where the time goes.
-# Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]   steps: setup floor build eval profile (default: all)
+#   5. one BF16 and one deployed rollout under torch.profiler (bench/gpu_rollout_profile.py): where the time goes;
+#   6. capped-build, capped-eval: the same build, and the evals of it (deployed, fakequant), with --max-gpu-memory
+#      $CAP (default 22GiB) on a GPU limited to $GPU_GIB (default 24) GiB by bench/gpu_capped.py, with their own
+#      cache (capture and rollouts anew), compared byte for byte with the uncapped run's (after build, and eval).
+# Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]
+#   steps: setup floor build eval profile capped-build capped-eval (default: the first five)
+#   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from release init), FIXTURE_ARGS, CAP, GPU_GIB
 set -euo pipefail
 wheels=$(realpath "$1") work=$(realpath -m "$2") out=$(realpath -m "$3")
 shift 3
@@ -17,8 +22,20 @@ here=$(dirname "$(realpath "$0")")
 mkdir -p "$work" "$out"
 cd "$work"
 export RELEASE_CACHE=$work/cache SOURCE_DATE_EPOCH=1700000000
-r=$work/venv/bin/release
+r="$work/venv/bin/release${BUILDS_DIR:+ --builds $BUILDS_DIR}"
 common=(--source fx/source --observations fx/observations)
+capped=(venv/bin/python "$here/gpu_capped.py" "${GPU_GIB:-24}" ${BUILDS_DIR:+--builds "$BUILDS_DIR"})
+cap=(--max-gpu-memory "${CAP:-22GiB}")
+# every file of two dists equal (the per-rollout timings apart), as a line of times.md
+same() {
+  (cd "$1" && find . -type f ! -name '*.perf.json' | sort | xargs sha256sum) >"$out/$1.sha256"
+  (cd "$2" && find . -type f ! -name '*.perf.json' | sort | xargs sha256sum) >"$out/$2.sha256"
+  if diff "$out/$1.sha256" "$out/$2.sha256" >"$out/$2-diff.txt"; then
+    echo "| $2 vs $1: every file equal ($(wc -l <"$out/$2.sha256") files) |" | tee -a "$out/times.md"
+  else
+    echo "| $2 vs $1: files differ ($2-diff.txt) |" | tee -a "$out/times.md"
+  fi
+}
 timed() { local name=$1; shift; SECONDS=0; "$@" >>"$out/log.txt" 2>&1; echo "| $name | ${SECONDS} s |" | tee -a "$out/times.md"; }
 for step in $steps; do
   case $step in
@@ -27,7 +44,7 @@ for step in $steps; do
       python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' \
         >"$(venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/machine-torch.pth"
       venv/bin/pip install --quiet --no-index --find-links "$wheels" "$wheels"/release-*.whl
-      timed "release fixture nano" $r fixture nano --out fx ;;
+      timed "release fixture nano" $r fixture nano --out fx ${FIXTURE_ARGS:-} ;;
     floor)
       # O_DIRECT bypasses the page cache the fixture just filled: what a cold read of these shards costs
       timed "read the source transformer (O_DIRECT)" bash -c \
@@ -46,6 +63,23 @@ for step in $steps; do
     profile)
       timed "rollout profile" bash -c "venv/bin/python '$here/gpu_rollout_profile.py' fx/source fx/observations \
         dist/Cosmos3-Nano-Policy-DROID-FP8 >'$out/rollout_profile.txt'" ;;
+    capped-build)
+      timed "capped: release build ${BUILDS:-rtn}" env RELEASE_CACHE="$work/cache-capped" \
+        RELEASE_PROFILE="$out/capped-build-profile.json" "${capped[@]}" build ${BUILDS:-rtn} "${common[@]}" \
+        --out dist-capped "${cap[@]}"
+      same dist dist-capped ;;
+    capped-eval)
+      timed "release eval rtn --path fakequant --split validation" \
+        env RELEASE_PROFILE="$out/eval-fakequant-profile.json" $r eval rtn --path fakequant --split validation \
+        "${common[@]}" --dist dist
+      rm -rf dist-capped && cp -a dist dist-capped && rm -rf dist-capped/*/results  # the same build, evaluated anew
+      for path in deployed fakequant; do
+        timed "capped: release eval rtn --path $path --split validation" env RELEASE_CACHE="$work/cache-capped" \
+          RELEASE_PROFILE="$out/capped-eval-$path-profile.json" "${capped[@]}" eval rtn --path $path \
+          --split validation "${common[@]}" --dist dist-capped "${cap[@]}"
+      done
+      for f in dist-capped/*/results/*.perf.json; do cp "$f" "$out/capped-$(basename "$f")"; done
+      same dist dist-capped ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,11 @@ class _Group(click.Group):
         except Exception as exc:  # a bug, not bad input: say so, keep the traceback for RELEASE_DEBUG=1
             if os.environ.get(DEBUG_ENV) == "1":
                 raise
+            if type(exc).__name__ == "OutOfMemoryError":  # torch's: too little GPU memory, not a bug
+                from release.memory import out_of_memory
+
+                click.echo(f"error: {out_of_memory()}", err=True)
+                sys.exit(2)
             click.echo(f"internal error: {type(exc).__name__}: {exc} (rerun with {DEBUG_ENV}=1 for a traceback)",
                        err=True)
             sys.exit(1)
@@ -60,6 +66,8 @@ Environment:
   RELEASE_DEVICE        auto (default: CUDA when present), cpu or cuda
   RELEASE_DEBUG=1       tracebacks instead of one-line errors
   RELEASE_PROFILE=FILE  the time and peak GPU memory of each stage, written to FILE as JSON (and printed)
+  RELEASE_MAX_GPU_MEMORY=SIZE
+                        build, verify and eval keep GPU memory within SIZE (as --max-gpu-memory)
   WORLD_SIZE, RANK, LOCAL_RANK
                         set by torchrun: build, verify and eval split their work across the processes
   RELEASE_DIST_TIMEOUT  under torchrun: seconds a rank waits for the others' shares (default 86400)
@@ -136,6 +144,13 @@ def fixture(size: str, out: Path, seed: int, n_obs: int, heldout: int) -> None:
     click.echo(f"observations: {paths['observations']}")
 
 
+def _max_gpu_memory(command: Callable[..., None]) -> Callable[..., None]:
+    """``--max-gpu-memory``: the GPU memory cap of the command's stages (release.memory)."""
+    return click.option("--max-gpu-memory", default=None, metavar="SIZE",
+                        help="Keep GPU memory within SIZE (e.g. 22GiB): layers that do not fit are streamed from CPU "
+                        "memory, with the same results (default: $RELEASE_MAX_GPU_MEMORY, else no cap).")(command)
+
+
 @main.command()
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_builds", is_flag=True, help="Build the sweep of release.yaml (else every build file).")
@@ -146,10 +161,14 @@ def fixture(size: str, out: Path, seed: int, n_obs: int, heldout: int) -> None:
 @click.option("--out", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
 @click.option("--allow-revision-mismatch", is_flag=True, help="Build from a source whose Hub commit is not the "
               "base_revision of release.yaml (provenance and cards say so).")
+@_max_gpu_memory
 def build(names: tuple[str, ...], all_builds: bool, source: str | None, observations: Path | None,
-          out: Path, allow_revision_mismatch: bool) -> None:
+          out: Path, allow_revision_mismatch: bool, max_gpu_memory: str | None) -> None:
     """Quantize, export and record provenance for the named builds."""
     from release.build import BuildRequest, run_builds
+    from release.memory import set_cap
+
+    set_cap(max_gpu_memory)
 
     if not run_builds(BuildRequest.create(names, all_builds, source, observations, out, allow_revision_mismatch)):
         sys.exit(1)
@@ -163,10 +182,14 @@ def build(names: tuple[str, ...], all_builds: bool, source: str | None, observat
 @click.option("--source", default=None, help="BF16 source the values are recomputed from (default: as for build).")
 @click.option("--observations", type=click.Path(path_type=Path), default=None,
               help="Observations for the loadability rollout (default: beside the source).")
+@_max_gpu_memory
 def verify(names: tuple[str, ...], dist: Path, reference: str | None, source: str | None,
-           observations: Path | None) -> None:
+           observations: Path | None, max_gpu_memory: str | None) -> None:
     """Check built repos against a reference and their source; exit 1 if any check fails."""
+    from release.memory import set_cap
     from release.verify import VerifyRequest, verify_builds
+
+    set_cap(max_gpu_memory)
 
     requests = [VerifyRequest.create(n, dist, reference, source, observations) for n in names]
     if not verify_builds(requests):
@@ -187,10 +210,15 @@ def verify(names: tuple[str, ...], dist: Path, reference: str | None, source: st
               "or a Hub id in the local cache, e.g. NVIDIA's published one), as a row beside the builds.")
 @click.option("--external-title", default="published NVIDIA FP8", show_default=True,
               help="The row's title in the tables and cards.")
+@_max_gpu_memory
 def eval_(names: tuple[str, ...], all_builds: bool, path_: str, split: str, dist: Path, source: Path | None,
-          observations: Path | None, yardsticks: bool, external: str | None, external_title: str) -> None:
+          observations: Path | None, yardsticks: bool, external: str | None, external_title: str,
+          max_gpu_memory: str | None) -> None:
     """Replay the policy for BF16 and each build on the same seeds; store the action chunks."""
     from release.evaluate import EvalRequest, describe, run_eval
+    from release.memory import set_cap
+
+    set_cap(max_gpu_memory)
 
     request = EvalRequest.create(names, path_, split, dist, source, observations, yardsticks, all_builds,
                                  external, external_title)

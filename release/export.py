@@ -29,6 +29,7 @@ from release import ReleaseError
 from release.config import BuildConfig
 from release.fp8 import FP8_MAX, weight_codes
 from release.io import write_json
+from release.memory import execution_device, is_placed, keep_whole, placed, unplace
 from release.profile import stage
 from release.recipes import Quantized, per_channel, quant_config, quantized_linears
 from release.recipes.base import module_weight
@@ -76,21 +77,25 @@ def nvidia_quantization_config(model: torch.nn.Module, build: BuildConfig) -> di
     }
 
 
-def _export_model(quantized: Quantized, build: BuildConfig, source: SourceModel, call: dict[str, Any]) -> Any:
+def _export_model(quantized: Quantized, build: BuildConfig, source: SourceModel, call: dict[str, Any],
+                  compute: str) -> Any:
     """A fresh source model holding the recipe's weights (folded norms, its own Linear weights) and scales,
     quantized with the plain configuration of the build's scheme: whatever algorithm made the weights (GPTQ,
     layer-by-layer calibration), the checkpoint then carries NVIDIA's structure, ``quantization_config`` and
-    ModelOpt state (one transformer call initialises the quantizers; their amax values are then replaced)."""
+    ModelOpt state (one transformer call on ``compute`` initialises the quantizers; their amax values are then
+    replaced). Under a GPU memory cap the recipe's model leaves the GPU first, and the new one is kept in CPU
+    memory, placed within the cap for its call."""
     import modelopt.torch.quantization as mtq
 
     recipe = quantized.model
-    device = next(recipe.parameters()).device.type
+    bounded = is_placed(recipe)
+    if bounded:
+        unplace(recipe)
     modules: dict[str, Any] = {n: recipe.get_submodule(n) for n in quantized_linears(recipe)}
     amax = {n: (m.weight_quantizer.amax, getattr(m.input_quantizer, "_amax", None)) for n, m in modules.items()}
-    model = source.instantiate(device)
-    weights = recipe.state_dict()
-    model.load_state_dict({k: weights[k] for k in model.state_dict()}, strict=True)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad():
+    model = source.instantiate("cpu" if bounded else compute, recipe.state_dict(), bounded=False)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad(), \
+            placed(model, compute) if bounded else contextlib.nullcontext():
         warnings.simplefilter("ignore")
         mtq.quantize(model, quant_config(build), forward_loop=lambda m: m(**call))
     for name, (weight_amax, input_amax) in amax.items():
@@ -115,12 +120,14 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import save_file
 
+    compute = execution_device(quantized.model)
     with stage("export: prepare the model"):
-        model = _export_model(quantized, build, source, call)
+        model = _export_model(quantized, build, source, call, compute)
     qconfig = nvidia_quantization_config(model, build)
     names = quantized_linears(model)
-    device = next(model.parameters()).device.type
-    emulate = build.arithmetic not in ("native", device)
+    # the codes are those of the arithmetic the build ran in, wherever the export computes them
+    arithmetic = compute if build.arithmetic == "native" else build.arithmetic
+    emulate = arithmetic != next(model.parameters()).device.type
     bf16_weights = {n: module_weight(model, n).detach().clone() for n in names} if emulate else {}
     with stage("export: compress (ModelOpt)"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -132,7 +139,7 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
         if state[f"{name}.weight"].dtype != torch.float8_e4m3fn:
             raise ReleaseError(f"tensor {name}.weight was not compressed to FP8 by ModelOpt")
         if emulate:
-            codes, scale = weight_codes(bf16_weights[name], module.weight_quantizer._amax, build.arithmetic)
+            codes, scale = weight_codes(bf16_weights[name], module.weight_quantizer._amax, arithmetic)
             state[f"{name}.weight"], state[f"{name}.weight_quantizer._scale"] = codes, scale
         weight_amax = module.weight_quantizer._amax.float().cpu()
         state[f"{name}.weight_scale"] = weight_amax / FP8_MAX if build.scheme == per_channel.SCHEME \
@@ -226,7 +233,8 @@ def _serving_keys_ignored() -> Iterator[None]:
 
 
 def load_build_transformer(build_dir: Path) -> torch.nn.Module:
-    """A build's transformer through diffusers, with ModelOpt's restore enabled (real FP8 weights)."""
+    """A build's transformer through diffusers, with ModelOpt's restore enabled (real FP8 weights), to be placed on
+    the GPU whole (:func:`release.memory.keep_whole`)."""
     import modelopt.torch.opt as mto
     from diffusers import Cosmos3OmniTransformer
 
@@ -237,4 +245,4 @@ def load_build_transformer(build_dir: Path) -> torch.nn.Module:
     with _serving_keys_ignored(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         model = Cosmos3OmniTransformer.from_pretrained(str(build_dir / "transformer"), dtype=torch.bfloat16)
-    return model.eval()
+    return keep_whole(model.eval())

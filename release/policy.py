@@ -114,7 +114,16 @@ def load_pipeline(
         raise ReleaseError(f"{source}: cannot load the Cosmos3 pipeline: {str(exc).splitlines()[0]}") from exc
     pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=settings.shift)
     pipe.set_progress_bar_config(disable=True)
-    return pipe.to(compute_device())
+    from release.memory import cap, place
+
+    device = compute_device()
+    if cap() is None:
+        return pipe.to(device)
+    for name, component in pipe.components.items():  # the transformer within the cap, the small parts whole
+        if isinstance(component, torch.nn.Module) and name != "transformer":
+            component.to(device)
+    place(pipe.transformer, device)
+    return pipe
 
 
 def observation_seed(settings: PolicySettings, obs: Observation) -> int:

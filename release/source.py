@@ -212,12 +212,18 @@ class SourceModel:
         self.config = dict(model.config)
         self.state = {k: v.detach() for k, v in model.state_dict().items()}  # time_embedder stays fp32
 
-    def instantiate(self, device: str) -> Any:
-        """A new ``Cosmos3OmniTransformer`` on ``device`` with its own copy of the source weights."""
+    def instantiate(self, device: str, weights: dict[str, Any] | None = None, bounded: bool = True) -> Any:
+        """A new ``Cosmos3OmniTransformer`` on ``device`` with its own copy of the source weights, or of ``weights``
+        (a state dict holding at least the source's tensors). ``bounded``: within the GPU memory cap
+        (:func:`release.memory.place`)."""
         from accelerate import init_empty_weights
         from diffusers import Cosmos3OmniTransformer
 
+        from release.memory import cap, place
+
+        state = self.state if weights is None else {k: weights[k] for k in self.state}
+        home = "cpu" if bounded and cap() is not None else device  # under a cap, ``place`` moves what fits
         with init_empty_weights():
             model = Cosmos3OmniTransformer.from_config(self.config)
-        model.load_state_dict({k: v.to(device, copy=True) for k, v in self.state.items()}, strict=True, assign=True)
-        return model.to(device).eval()
+        model.load_state_dict({k: v.to(home, copy=True) for k, v in state.items()}, strict=True, assign=True)
+        return (place(model, device) if bounded else model.to(device)).eval()

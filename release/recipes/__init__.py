@@ -18,6 +18,7 @@ import torch
 from release import ReleaseError
 from release.config import BuildConfig
 from release.fp8 import dequantize, weight_codes
+from release.memory import execution_device, state_dict
 from release.recipes import per_channel
 from release.recipes.autoround import AutoRound
 from release.recipes.base import (
@@ -25,7 +26,6 @@ from release.recipes.base import (
     Quantized,
     Step,
     input_hooks,
-    module_weight,
     quant_config,
     quantized_linears,
     quantized_linears_of,
@@ -75,7 +75,8 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
         if not step.changes_weights(build):
             step.before(ctx)
     weighing = changes_weights(build)  # the weights the weight step starts from, and their inputs
-    start = {n: module_weight(model, n).detach().cpu().clone() for n in names} if weighing else {}
+    weights = state_dict(model) if weighing else {}  # offloaded weights (a bounded build) read from their copies
+    start = {n: weights[f"{n}.weight"].detach().cpu().clone() for n in names} if weighing else {}
     rows = _input_rows(model, names, algorithm_calls) if weighing else {}
     for step in recipe:  # tuned AutoRound
         if step.changes_weights(build):
@@ -145,12 +146,14 @@ def reconstruction(model: torch.nn.Module, build: BuildConfig, start: dict[str, 
     """Per quantized Linear, on calibration rows X of the algorithm calls: the relative output error
     ``|X Wq^T - X W^T|^2 / |X W^T|^2`` of the build's FP8 weight Wq and of round-to-nearest's, W the weight before the
     weight step, and the relative weight error ``|Wq - W| / |W|`` (Frobenius)."""
-    arithmetic = build.arithmetic if build.arithmetic != "native" else next(model.parameters()).device.type
+    arithmetic = build.arithmetic if build.arithmetic != "native" else execution_device(model)
+    weights = state_dict(model)
     table = []
     for name, w0 in start.items():
         module: Any = model.get_submodule(name)
         w = w0.float()
-        built = dequantize(*weight_codes(module.weight.detach(), module.weight_quantizer.amax.detach(), arithmetic))
+        built = dequantize(*weight_codes(weights[f"{name}.weight"].detach(), module.weight_quantizer.amax.detach(),
+                                         arithmetic))
         rtn = _rtn(w0, build, arithmetic)
         x = rows[name].float()
         ref = x @ w.T

@@ -27,6 +27,7 @@ import torch
 from release import ReleaseError
 from release.config import BuildConfig
 from release.fp8 import FP8_MAX
+from release.memory import execution_device, weights_of
 from release.recipes import per_channel
 from release.recipes.base import Context, Step, quantized_linears
 
@@ -116,7 +117,7 @@ class AutoRound(Step):
                   "sym": True, "act_bits": 16}
         source = str(transformer.config.get("_name_or_path", "") or ".")
         transformer.config.name_or_path = source  # auto-round looks the model up by name; a local path keeps it offline
-        device = next(model.parameters()).device.type
+        device = execution_device(model)
         layouts: dict[int, tuple[int, Any]] = {}
         samples = _first_layer_inputs(model, ctx.algorithm_calls, layouts)
         scales: dict[str, torch.Tensor] = {}
@@ -124,7 +125,8 @@ class AutoRound(Step):
         level, logger.level = logger.level, logging.ERROR
         try:
             for i, layer in enumerate(transformer.layers):
-                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                        weights_of(f"layers.{i}", model, writeback=True):
                     # Samples differ in length, so they cannot be stacked: batches of one, gradients accumulated
                     # over auto-round's default batch of 8 (its block runner reads the attribute).
                     tuner = Tuner(model, tokenizer="", scheme=scheme, iters=params.iters, lr=params.lr,

@@ -23,6 +23,7 @@ import torch
 from release import ReleaseError
 from release.config import BuildConfig
 from release.fp8 import qdq
+from release.memory import weights_of
 from release.recipes import per_channel
 from release.recipes.base import (
     Context,
@@ -162,19 +163,23 @@ class Smoothing(Step):
         grid = self.grid(build)
         with torch.no_grad():
             for g in groups:
-                x = torch.cat(stats.rows[g.anchor])
-                weights = [module_weight(model, n).float() for n in g.linears]
-                amax = stats.amax[g.anchor]
-                before = group_error(x, amax, weights, None, build.scheme)
-                errors = {a: group_error(x, amax, weights, self.scales(stats, g, weights, a), build.scheme)
-                          for a in grid}
-                alpha = min(grid, key=lambda a: (errors[a], a))
-                s = self.scales(stats, g, weights, alpha)
-                _fold(model, g, s)
-                ctx.result.alpha_table.append({"group": g.anchor, "linears": list(g.linears), "alpha": alpha,
-                                               "error_before": before, "error_after": errors[alpha]})
-                ctx.result.smoothing_scales[g.anchor] = s
+                with weights_of(g.anchor, model, writeback=True):
+                    self._smooth(ctx, stats, g, grid)
 
+    def _smooth(self, ctx: Context, stats: Statistics, g: Group, grid: list[float]) -> None:
+        """Choose group ``g``'s alpha by its error and fold its scales into the weights."""
+        build, model = ctx.build, ctx.model
+        x = torch.cat(stats.rows[g.anchor])
+        weights = [module_weight(model, n).float() for n in g.linears]
+        amax = stats.amax[g.anchor]
+        before = group_error(x, amax, weights, None, build.scheme)
+        errors = {a: group_error(x, amax, weights, self.scales(stats, g, weights, a), build.scheme) for a in grid}
+        alpha = min(grid, key=lambda a: (errors[a], a))
+        s = self.scales(stats, g, weights, alpha)
+        _fold(model, g, s)
+        ctx.result.alpha_table.append({"group": g.anchor, "linears": list(g.linears), "alpha": alpha,
+                                       "error_before": before, "error_after": errors[alpha]})
+        ctx.result.smoothing_scales[g.anchor] = s
 
 class SmoothQuant(Smoothing):
     name = "smoothquant"

@@ -1,0 +1,123 @@
+"""``--max-gpu-memory``: a capped run (here on the CPU, every decoder layer streamed from its CPU copy through
+accelerate's hooks) builds and evaluates exactly what an uncapped one does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from release import ReleaseError, memory
+from release.config import load_build
+from release.source import SourceModel
+from tests.conftest import invoke
+
+BUILDS = ("rtn", "sq_auto_gptq")  # observers; smoothing + ModelOpt's GPTQ
+# Above the tiny FP8 build (1.02 MB, placed whole as a server runs it) and below the BF16 transformer's 1.17 MB less
+# the reserve: the BF16 model is streamed from CPU memory in every stage that runs it.
+CAP = "1050KB"
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny: Path, tmp_path_factory: pytest.TempPathFactory,
+         monkeypatch_module: pytest.MonkeyPatch) -> dict[str, Path]:
+    """The same builds and evals without a cap and with one, each with its own cache: {cap: dist}."""
+    out = {}
+    monkeypatch_module.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    for cap in ("none", CAP):
+        base = tmp_path_factory.mktemp(f"cap-{cap}")
+        monkeypatch_module.setenv("RELEASE_CACHE", str(base / "cache"))
+        dist = base / "dist"
+        limit = [] if cap == "none" else ["--max-gpu-memory", cap]
+        src = ["--source", tiny / "source", "--observations", tiny / "observations"]
+        result = invoke("build", *BUILDS, *src, "--out", dist, *limit)
+        assert result.exit_code == 0, result.output
+        for path in ("deployed", "fakequant"):
+            result = invoke("eval", "rtn", "sq_auto_gptq", "--path", path, "--split", "validation", *src,
+                            "--dist", dist, *limit)
+            assert result.exit_code == 0, result.output
+        out[cap] = dist
+    memory.set_cap(None)
+    return out
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> pytest.MonkeyPatch:
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def test_capped_builds_and_evals_equal_the_uncapped_bytes(runs: dict[str, Path]) -> None:
+    free, capped = _files(runs["none"]), _files(runs[CAP])
+    assert {p.split("/")[0] for p in free} == {load_build(b).repo for b in BUILDS}
+    assert sorted(free) == sorted(capped)
+    assert any("/results/" in p for p in free)
+    assert [p for p in free if free[p] != capped[p]] == []  # shards, scales, ModelOpt state, provenance, results
+
+
+def test_plan_keeps_the_small_parts_and_the_first_layers_within_the_budget(tiny: Path) -> None:
+    model = SourceModel(tiny / "source").instantiate("cpu", bounded=False)
+    layers = [memory._bytes(layer) for layer in model.layers]
+    rest = memory._bytes(model) - sum(layers)
+    limit = int((rest + layers[0] + layers[1] // 2) / (1 - memory.RESERVE))  # room for the first layer only
+    plan = memory.plan(model, limit)
+    assert {name: off for name, off in plan.items() if name.startswith("layers.")} == {"layers.0": False,
+                                                                                      "layers.1": True}
+    assert not any(off for name, off in plan.items() if not name.startswith("layers."))
+    assert all(memory.plan(model, 1).values())  # nothing fits: everything streamed
+
+def test_placed_model_streams_offloaded_layers_and_restores_them_whole(tiny: Path) -> None:
+    source = SourceModel(tiny / "source")
+    model = source.instantiate("cpu", bounded=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    memory.set_cap("64KiB")  # nothing fits
+    try:
+        with memory.placed(model, "cpu"):
+            assert memory.is_placed(model)
+            assert model.layers[0].mlp.down_proj.weight.device.type == "meta"  # not resident
+            state = memory.state_dict(model)
+            assert all(torch.equal(state[k], v) for k, v in before.items())
+    finally:
+        memory.set_cap(None)
+    assert not memory.is_placed(model)
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+
+
+def test_a_deployed_build_larger_than_the_cap_is_refused_not_streamed(runs: dict[str, Path], tiny: Path,
+                                                                     tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELEASE_CACHE", str(tmp_path / "cache"))  # nothing cached: the build is loaded
+    result = invoke("eval", "rtn", "--path", "deployed", "--split", "validation", "--source", tiny / "source",
+                    "--observations", tiny / "observations", "--dist", runs[CAP], "--max-gpu-memory", "64KiB")
+    memory.set_cap(None)
+    assert result.exit_code == 2, result.output
+    assert "runs it whole" in result.output and "--max-gpu-memory" in result.output
+
+
+@pytest.mark.parametrize("size", ["22GiB", "24GB", "512MiB", "1024", "1.5GiB"])
+def test_sizes_parse(size: str) -> None:
+    assert memory.parse_size(size, "--max-gpu-memory") > 0
+
+
+@pytest.mark.parametrize("size", ["lots", "22 GiBs", "-1GiB", "0", "GiB"])
+def test_bad_sizes_are_refused(size: str) -> None:
+    with pytest.raises(ReleaseError, match="--max-gpu-memory"):
+        memory.parse_size(size, "--max-gpu-memory")
+
+
+def test_bad_cap_option_and_env_exit_2_before_any_work(tiny: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    src = ["--source", tiny / "source", "--observations", tiny / "observations"]
+    result = invoke("build", "rtn", *src, "--out", tmp_path / "dist", "--max-gpu-memory", "lots")
+    assert result.exit_code == 2 and "--max-gpu-memory='lots'" in result.output
+    monkeypatch.setenv(memory.CAP_ENV, "22 parsecs")
+    result = invoke("eval", "rtn", "--dist", tmp_path / "dist", *src)
+    assert result.exit_code == 2 and memory.CAP_ENV in result.output
+    assert not (tmp_path / "dist").exists()
+    monkeypatch.delenv(memory.CAP_ENV)
+    memory.set_cap(None)
