@@ -514,7 +514,7 @@ def _same_codes_notes(rows: list[dict[str, Any]], provenances: dict[str, dict[st
                 _("{build} quantizes exactly as {twin}: byte-equal FP8 codes (all {n}) and no static input scales "
                   "(the scheme computes them per token).")
             notes.append(t(text).format(
-                build=titles[build], twin=titles.get(twin) or load_build(twin).title,
+                build=titles[build], twin=titles.get(twin) or load_build(twin).text("title", f.lang),
                 n=format_decimal(mine["fp8"].get("codes", 0), locale=f.lang), k=differ, m=len(ours)))
     return notes
 
@@ -765,9 +765,9 @@ def comparison_context(release: ReleaseConfig, build: BuildConfig, prov: dict[st
     fakequant = fakequant_tables(records, baseline, provenances, 2 + len(paths), f, t)
     section = 1 + len(paths) + len(fakequant)
     return {
-        "date": f.date(date), "title": build_label(me, t) if me else build.title,
-        "siblings": [{"build": f"{load_build(s.build).title} ({t(_('delivered'))})", "repo": f"{release.org}/{s.repo}"}
-                     for s in release.siblings],
+        "date": f.date(date), "title": build_label(me, t) if me else build.text("title", f.lang),
+        "siblings": [{"build": f"{load_build(s.build).text('title', f.lang)} ({t(_('delivered'))})",
+                      "repo": f"{release.org}/{s.repo}"} for s in release.siblings],
         "conclusions": conclusions(records, baseline, f, t),
         "setup": setup_rows(records, release, build, prov, int(tables.get("resamples", 10_000)), baseline, f, t),
         "paths": paths_rows(records, t), "path_tables": paths, "fakequant_tables": fakequant,
@@ -935,7 +935,7 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
                            "scheme.")))
     caveats.append(t(_("The numbers come from the evaluation data named in `provenance.json` and "
                        "`results/`; a different robot setup can behave differently.")))
-    siblings = [{"repo_id": f"{release.org}/{s.repo}", "title": load_build(s.build).title,
+    siblings = [{"repo_id": f"{release.org}/{s.repo}", "title": load_build(s.build).text("title", lang),
                  "current": s.build == build.name} for s in release.siblings]
     languages_line = " | ".join(
         f"[{code}]({'README.md' if code == langs[0] else f'README.{code}.md'})" for code in langs
@@ -954,8 +954,8 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
         "ModelOpt W8A8, per-channel weights, per-token activations"
     return {
         "release": release, "prov": prov, "repo_id": f"{release.org}/{build.repo}",
-        "title": f"Cosmos3-Nano-Policy-DROID, {build.title} ({scheme})",
-        "description": build.description, "siblings": siblings, "languages_line": languages_line,
+        "title": f"Cosmos3-Nano-Policy-DROID, {build.text('title', lang)} ({scheme})",
+        "description": build.text("description", lang), "siblings": siblings, "languages_line": languages_line,
         "recipe_text": recipe_text(build, t), "scheme": scheme_rows(build, prov, t), "source_note": source_note,
         "kept": ", ".join(f"`{k}`" for k in build.kept_bf16),
         "built_date": f.date(date), "gate_sigma": f.num(build.gate.overall_sigma, 2),

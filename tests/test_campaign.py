@@ -335,7 +335,7 @@ def test_the_card_says_which_builds_share_their_codes(campaign: Path) -> None:
 
     provenances = sweep_provenances(campaign)
     assert set(provenances) == set(REPO)
-    titles = {n: load_build(n).title for n in REPO}
+    titles = {n: load_build(n).text("title") for n in REPO}
     rows = [{"build": n, "title": titles[n]} for n in ("rtn", "autoround", "sq_auto", "sq_auto_autoround", "gptq")]
     notes = _same_codes_notes(rows, provenances, Formatter("en"), translations("en").gettext)
     assert notes == [

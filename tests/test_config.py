@@ -109,3 +109,25 @@ def test_alpha_is_auto_or_a_number_in_0_1(builds: Path) -> None:
         (builds / "sq_auto.yaml").write_text(original.replace("alpha: auto", f"alpha: {alpha}"))
         smoothquant = load_build("sq_auto").smoothquant
         assert smoothquant is not None and smoothquant.alpha == value
+
+
+@pytest.mark.parametrize("title", ["{ko: '한국어만'}", "{en: '', ko: '영어가 빈 제목'}", "{en: x, Korean: y}",
+                                   "{en: x, ko: 3}", "[FP8, GPTQ]"])
+def test_a_per_language_title_needs_en_and_language_codes(builds: Path, title: str) -> None:
+    _replace(builds / "gptq.yaml", 'title: "FP8 GPTQ"', f"title: {title}")
+    with pytest.raises(ReleaseError) as err:
+        load_build("gptq")
+    msg = str(err.value)
+    assert msg.startswith(f"{builds / 'gptq.yaml'}:2: field 'title': give one text, or a text per language such as "
+                          "{en: 'FP8 GPTQ', ko: 'FP8 GPTQ 빌드'}: 'en' is required")
+    assert "\n" not in msg and "more)" not in msg  # one line, one error (not one per member of the union)
+
+
+def test_a_per_language_title_is_shown_in_its_language(builds: Path) -> None:
+    _replace(builds / "gptq.yaml", 'title: "FP8 GPTQ"', "title: {en: FP8 GPTQ, ko: FP8 GPTQ 빌드}")
+    gptq = load_build("gptq")
+    assert (gptq.text("title"), gptq.text("title", "ko")) == ("FP8 GPTQ", "FP8 GPTQ 빌드")
+    assert load_build("rtn").text("title", "ko") == load_build("rtn").text("title")  # one text for every language
+    with pytest.raises(ReleaseError, match=r"gptq\.yaml: field 'title' has no 'de' text; the de card would show "
+                                           r"English there: add 'de: \.\.\.' under 'title'$"):
+        gptq.text("title", "de")

@@ -192,7 +192,7 @@ def test_too_few_observations(tmp_path: Path) -> None:
     assert [sq[k] for k in ("diff_ci", "diff_ci_corrected", "diff_p", "diff_p_corrected")] == [None] * 4
     assert all(cell.endswith(" (too few observations)") for cell in csv(dist, "fidelity")["overall (sigma) [95% CI]"])
     ranking = csv(dist, "ranking").set_index("build")
-    sq_title = load_build("sq_auto").title
+    sq_title = load_build("sq_auto").text("title")
     assert ranking.loc[sq_title, "vs baseline [Bonferroni-corrected 95% CI]"].endswith(" (too few observations)")
     assert ranking.loc[sq_title, "p (Bonferroni-corrected)"] == "too few observations"
     en, ko = cards(dist)
@@ -213,7 +213,7 @@ def test_candidate_equal_to_its_reference(tmp_path: Path) -> None:
     assert sq["overall_sigma"] == 0 and sq["snr_db"] == "inf" and sq["x_eager_vs_compile"] == 0
     assert sq["attribution"]["top3_error_share"] is None  # 0 / 0
     fidelity = csv(dist, "fidelity").set_index("build")
-    assert fidelity.loc[load_build("sq_auto").title, "SNR (dB)"] == "∞"
+    assert fidelity.loc[load_build("sq_auto").text("title"), "SNR (dB)"] == "∞"
     share = csv(dist, "attribution").set_index("build").loc["sq_auto", "top3_error_share"]
     assert share == ""
     en, ko = cards(dist)
@@ -239,7 +239,7 @@ def test_p_of_zero_is_a_bound_and_the_corrected_interval_is_shown(dist: Path) ->
     lo, hi = sq["diff_ci_corrected"]
     assert lo < sq["diff_ci"][0] and hi > sq["diff_ci"][1]  # m = 2: wider than the plain interval
     ranking = csv(dist, "ranking").set_index("build")
-    sq_title = load_build("sq_auto").title
+    sq_title = load_build("sq_auto").text("title")
     assert ranking.loc[sq_title, "vs baseline [Bonferroni-corrected 95% CI]"] == \
         f"{sq['diff_to_baseline']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
     assert ranking.loc[sq_title, "p (Bonferroni-corrected)"] == "< 0.008"
