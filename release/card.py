@@ -31,6 +31,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from release import ReleaseError, data_path
 from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
 from release.io import atomic_write, read_json
+from release.particles import Text, particle
 from release.select import TABLES, Candidate, SelectionDoc, read_selection, read_tables_doc
 from release.stats import min_observations
 
@@ -66,12 +67,25 @@ def _catalog(path: Path, lang: str) -> Catalog:
         raise ReleaseError(f"{path}: not a valid catalog ({exc}); fix it, then run 'make i18n'") from exc
 
 
+class _Messages(Translations):
+    """A compiled catalog whose messages choose their Korean particles once formatted (``particles.Text``): by
+    ``str.format`` on the Python side, by ``%`` in Jinja's ``trans`` blocks."""
+
+    def gettext(self, message: str) -> str:
+        return Text(super().gettext(message))
+
+    def ngettext(self, msgid1: str, msgid2: str, n: int) -> str:
+        return Text(super().ngettext(msgid1, msgid2, n))
+
+    ugettext, ungettext = gettext, ngettext  # what Jinja's install_gettext_translations prefers
+
+
 @functools.cache
 def _compiled(path: Path, lang: str) -> Translations:
     buf = io.BytesIO()
     write_mo(buf, _catalog(path, lang))
     buf.seek(0)
-    return Translations(buf)
+    return _Messages(buf)
 
 
 def translations(lang: str) -> NullTranslations:
@@ -184,6 +198,7 @@ def _environment(tr: NullTranslations) -> jinja2.Environment:
         extensions=["jinja2.ext.i18n"],
     )
     env.install_gettext_translations(tr, newstyle=True)  # type: ignore[attr-defined]
+    env.filters["particle"] = particle
     return env
 
 
