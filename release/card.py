@@ -317,7 +317,8 @@ def check_statuses(report: dict[str, Any], path: Path, build: str) -> list[str]:
 # baseline": the comparison names it (tables.json's "baseline"), so that a header fits its column.
 HEADERS = {"overall": _("overall (sigma) [95% CI]"), "gripper": _("gripper agree [95% CI]"),
            "sigma": _("sigma [95% CI]"), "diff": _("vs baseline [95% CI]"),
-           "plot": _("Overall action error per build and path with 95% CIs; the line is the gate.")}
+           "plot": _("Overall action error of every build per path and split with 95% CIs, this build highlighted, "
+                     "on the gate's scale (left) and as the difference to the baseline (right).")}
 CORRECTED = {"diff": _("vs baseline, Bonferroni-corrected 95% CI (m = {m})"),
              "p": _("p, Bonferroni-corrected (m = {m})")}
 # The columns of a results table on a path that is not fake quant (the seed's "served results").
@@ -928,30 +929,95 @@ def _use_hangul_font() -> None:
     rcParams["axes.unicode_minus"] = False
 
 
-def forest_plot(records: list[dict[str, Any]], gate_sigma: float, lang: str, out: Path) -> None:
-    """Overall sigma with 95% interval per build and path, the gate as a line, labelled in ``lang``."""
+PATH_COLOURS = {"fakequant": "tab:blue", "deployed": "tab:orange", "served": "tab:green", "yardstick": "tab:gray"}
+SPLIT_MARKERS = {"calibration": "o", "validation": "s", "all": "D"}
+HIGHLIGHT = "#fdeeb0"
+
+
+def forest_rows(records: list[dict[str, Any]], t: Any) -> list[tuple[str, str]]:
+    """The plot's rows top down as (build, label): the builds by their error on the first path and split of the
+    comparison (the others after them), then the yardsticks; labels are the (titled) records' titles."""
+    groups = _groups(records, MEASURED)
+    first = {r["build"]: r["overall_sigma"] for r in _group(records, *groups[0])} if groups else {}
+    labels = {r["build"]: build_label(r, t).replace("`", "") for r in records}
+    builds = sorted({r["build"] for r in records if r["path"] in MEASURED}, key=lambda b: (first.get(b, math.inf), b))
+    yardsticks = sorted({r["build"] for r in records if r["path"] == "yardstick"})
+    return [(b, labels[b]) for b in [*builds, *yardsticks]]
+
+
+def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path) -> None:
+    """This build's plot, labelled in ``lang``: every build's overall error with its 95% interval for each path and
+    split (one colour per path, one marker per split), this build's row highlighted, the yardsticks below. The left
+    panel is on the gate's scale (a log axis that holds the gate, the builds and the yardsticks); the right one is
+    each build's difference to the baseline with the Bonferroni-corrected interval of tables.json, on a scale where
+    those intervals are visible. Everything drawn is sorted, so the PNG is byte-stable for the same input."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     _use_hangul_font()
 
     t = translations(lang).gettext
-    rows = [r for r in records if r["path"] != "yardstick"]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.5), dpi=100)
-    for i, r in enumerate(rows):
-        lo, hi = r["overall_ci"] or (r["overall_sigma"], r["overall_sigma"])  # no interval: too few observations
-        ax.errorbar(r["overall_sigma"], i, xerr=[[r["overall_sigma"] - lo], [hi - r["overall_sigma"]]], fmt="o",
-                    color="tab:blue" if r["path"] == "fakequant" else "tab:orange", capsize=3)
-    ax.axvline(gate_sigma, color="tab:red", linestyle="--", label=t(_("gate")))
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{r['build']} / {t(PATH_LABELS[r['path']])} / {t(SPLIT_LABELS[r['split']])}"
-                        for r in rows], fontsize=7)
-    ax.set_xlabel(t(_("overall action error (sigma) with 95% CI")))
-    ax.invert_yaxis()
-    ax.legend(loc="lower right")
-    fig.tight_layout()
+    f = Formatter(lang)
+    records = tables["records"]
+    rows = forest_rows(records, t)
+    y = {b: i for i, (b, _) in enumerate(rows)}
+    measured = _groups(records, MEASURED)
+    yardstick = sorted({("yardstick", r["split"]) for r in records if r["path"] == "yardstick"},
+                       key=lambda g: list(SPLIT_LABELS).index(g[1]))
+    offsets = {g: (k - (len(gs) - 1) / 2) * min(0.2, 0.7 / len(gs)) for gs in (measured, yardstick)
+               for k, g in enumerate(gs)}
+    handles: list[Any] = [Line2D([], [], color=PATH_COLOURS[path], marker=SPLIT_MARKERS[split], linestyle="",
+                                 label=_where(path, split, t)) for path, split in [*measured, *yardstick]]
+    legend_rows = math.ceil((len(handles) + 2) / 2)
+    height = 0.3 * len(rows) + 1.4 + 0.22 * legend_rows
+    fig, (gate_ax, diff_ax) = plt.subplots(1, 2, sharey=True, figsize=(13, height), dpi=100,
+                                           gridspec_kw={"width_ratios": [3, 2]})
+    for ax in (gate_ax, diff_ax):
+        if build.name in y:
+            ax.axhspan(y[build.name] - 0.5, y[build.name] + 0.5, color=HIGHLIGHT, zorder=0)
+        ax.grid(axis="x", color="0.9", zorder=0)
+    lows, highs, spans = [build.gate.overall_sigma], [build.gate.overall_sigma], [0.0]
+    for r in records:
+        at = y[r["build"]] + offsets[(r["path"], r["split"])]
+        style = {"fmt": SPLIT_MARKERS[r["split"]], "color": PATH_COLOURS[r["path"]], "capsize": 2, "markersize": 4,
+                 "elinewidth": 1, "zorder": 3}
+        x = r["overall_sigma"]
+        lo, hi = r["overall_ci"] or (x, x)  # no interval: too few observations
+        gate_ax.errorbar(x, at, xerr=[[x - lo], [hi - x]], **style)
+        lows.append(lo)
+        highs.append(hi)
+        if r.get("diff_to_baseline") is not None:
+            d = r["diff_to_baseline"]
+            dlo, dhi = r.get("diff_ci_corrected") or (d, d)
+            diff_ax.errorbar(d, at, xerr=[[d - dlo], [dhi - d]], **style)
+            spans += [abs(dlo), abs(dhi)]
+    positive = [v for v in lows if v > 0] or [build.gate.overall_sigma]
+    gate_ax.set_xscale("log", nonpositive="clip")
+    gate_ax.set_xlim(min(positive) / 1.5, max(highs) * 1.5)
+    gate_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_decimal(v, locale=lang)))  # 0.01, not 10^-2
+    gate_ax.xaxis.set_minor_formatter(NullFormatter())
+    gate_ax.axvline(build.gate.overall_sigma, color="tab:red", linestyle="--", linewidth=1.2, zorder=2)
+    diff_ax.axvline(0, color="0.3", linewidth=0.8, zorder=2)
+    diff_ax.set_xlim(-max(spans) * 1.15 or -1, max(spans) * 1.15 or 1)
+    gate_ax.set_yticks(range(len(rows)))
+    gate_ax.set_yticklabels([label for _, label in rows], fontsize=8.5)
+    for i, tick in enumerate(gate_ax.get_yticklabels()):
+        if rows[i][0] == build.name:
+            tick.set_fontweight("bold")
+    gate_ax.invert_yaxis()
+    gate_ax.set_xlabel(t(_("overall action error (sigma, log scale) with 95% CI")), fontsize=9)
+    diff_ax.set_xlabel(t(_("difference to {baseline} (sigma)\nwith its Bonferroni-corrected 95% CI")).format(
+        baseline=baseline_name(tables).replace("`", "")), fontsize=9)
+    handles += [Line2D([], [], color="tab:red", linestyle="--",
+                       label=t(_("gate: overall <= {sigma} sigma")).format(sigma=f.num(build.gate.overall_sigma, 2))),
+                Patch(color=HIGHLIGHT, label=t(_("this build")))]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8.5, frameon=False)
+    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / height, 1, 1))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     plt.close(fig)
@@ -1208,8 +1274,7 @@ def render_cards(request: CardRequest) -> list[Path]:
         return sorted(files)
     for build in request.builds:
         for lang in request.langs:
-            forest_plot(tables["records"], build.gate.overall_sigma, lang,
-                        request.dist / build.repo / f"forest.{lang}.png")
+            forest_plot(localized[lang], build, lang, request.dist / build.repo / f"forest.{lang}.png")
     for path, text in files.items():
         atomic_write(path, text)
     return sorted(files)

@@ -1,5 +1,5 @@
 """Bilingual cards: the seed card's tables reproduced from its figures, complete catalogs, golden files, errors; the
-Korean card in Korean (the glossary's terms, its particles, its share of Korean words)."""
+Korean card in Korean (the glossary's terms, its particles, its share of Korean words), the plot per build."""
 
 from __future__ import annotations
 
@@ -19,13 +19,16 @@ from release.card import (
     conclusions,
     fakequant_tables,
     fidelity_rows,
+    forest_rows,
     path_tables,
     paths_rows,
     setup_rows,
+    titled,
     translations,
 )
 from release.config import available_builds, load_build, load_release
 from release.particles import MARKER
+from release.select import read_tables_doc
 from tests.conftest import ROOT, invoke
 
 SEED = ROOT / "tests" / "data" / "seed-model-card.txt"  # a copy of ../shared/seed/model-card.txt
@@ -389,3 +392,20 @@ def test_the_baseline_named_is_tables_jsons(card_dist: Path) -> None:
     assert "| Baseline | FP8 RTN + moving-average observer 0.01 |" in en
     assert "vs RTN" not in en and "than FP8 (RTN" not in en
     assert "차이의 기준 빌드는 FP8 RTN + 이동평균 옵저버 0.01입니다." in ko
+
+
+def test_forest_plot_is_drawn_per_build_in_the_cards_language(card_dist: Path) -> None:
+    """Each build's plot differs (its row is highlighted), each language's too, and the same input gives the same
+    bytes; its rows are the builds' titles in the card's language, then the yardsticks."""
+    assert invoke("card", "--dist", card_dist, "--lang", "en,ko").exit_code == 0
+    plots = {(repo, lang): (card_dist / repo / f"forest.{lang}.png").read_bytes() for repo in DELIVERED.values()
+             for lang in ("en", "ko")}
+    assert len(set(plots.values())) == len(plots)
+    assert invoke("card", "--dist", card_dist, "--lang", "en,ko").exit_code == 0
+    assert all((card_dist / repo / f"forest.{lang}.png").read_bytes() == png for (repo, lang), png in plots.items())
+    records = read_tables_doc(card_dist / "tables" / "tables.json")["records"]
+    t = translations("ko").gettext
+    assert [label for _, label in forest_rows(titled(records, "ko", t), t)] == [
+        "FP8 (RTN, NVIDIA와 같은 레시피) (전달)", "FP8 RTN + 이동평균 옵저버 0.01 (전달)",
+        "FP8 + SmoothQuant (레이어별 α 탐색) (전달)", "BF16 즉시 실행 대 BF16 torch.compile (참고 척도)",
+        "BF16 시드 대 BF16 다른 시드 (참고 척도)"]
