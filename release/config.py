@@ -157,7 +157,8 @@ class ReleaseConfig(_Strict):
     license: License
     org: str
     languages: list[str] = Field(min_length=1)
-    library_name: str = "diffusers"
+    library_name: str = Field("cosmos", description="the Hub's library tag: 'cosmos' as the seed card, since the "
+                              "Hub's 'diffusers' snippet would skip ModelOpt's restore (builds/release.yaml)")
     tags: list[str] = []
     siblings: list[Sibling] = Field(min_length=1)
     policy: PolicySettings = PolicySettings()

@@ -22,6 +22,7 @@ from release.card import (
     forest_rows,
     path_tables,
     paths_rows,
+    render_card,
     setup_rows,
     titled,
     translations,
@@ -230,6 +231,7 @@ def test_card_metadata_round_trips(card_dist: Path) -> None:
     assert data["base_model"] == "nvidia/Cosmos3-Nano-Policy-DROID" and data["base_model_relation"] == "quantized"
     assert (data["license"], data["license_name"]) == ("other", "OpenMDW-1.1")
     assert data["pipeline_tag"] == "robotics" and data["language"] == ["en", "ko"]
+    assert data["library_name"] == "cosmos"  # the seed card's; the Hub's diffusers snippet skips ModelOpt's restore
     assert "[ko](README.ko.md)" in card.text
     ko = (card_dist / DELIVERED["sq_auto"] / "README.ko.md").read_text(encoding="utf-8")
     assert "## 검증" in ko and "2026년" in ko and "## 라이선스" in ko
@@ -392,6 +394,20 @@ def test_the_baseline_named_is_tables_jsons(card_dist: Path) -> None:
     assert "| Baseline | FP8 RTN + moving-average observer 0.01 |" in en
     assert "vs RTN" not in en and "than FP8 (RTN" not in en
     assert "차이의 기준 빌드는 FP8 RTN + 이동평균 옵저버 0.01입니다." in ko
+
+
+def test_use_section_gives_the_restore_and_the_policy_server_settings(card_dist: Path) -> None:
+    assert invoke("card", "rtn", "--dist", card_dist).exit_code == 0
+    use = (card_dist / DELIVERED["rtn"] / "README.md").read_text(encoding="utf-8").split("## Use")[1]
+    assert "mto.enable_huggingface_checkpointing()\ntransformer = Cosmos3OmniTransformer.from_pretrained(" \
+           '"np-cr/Cosmos3-Nano-Policy-DROID-FP8", subfolder="transformer")' in use
+    assert 'checkpoint_path="np-cr/Cosmos3-Nano-Policy-DROID-FP8"\nmixed_precision_first_steps=0\n' \
+           'mixed_precision_last_steps=0\nmixed_precision_w8a16_cache="none"' in use
+    tables = read_tables_doc(card_dist / "tables" / "tables.json")
+    tables["records"] = titled(tables["records"], "en", translations("en").gettext)
+    exploratory = load_build("rtn").model_copy(update={"deliverable": False})
+    text = render_card(load_release(), exploratory, card_dist / DELIVERED["rtn"], tables, None, {}, "en", ["en"])
+    assert "cannot serve this build's scheme" in text.split("## Use")[1] and "checkpoint_path" not in text
 
 
 def test_forest_plot_is_drawn_per_build_in_the_cards_language(card_dist: Path) -> None:
