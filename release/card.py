@@ -14,6 +14,7 @@ import io
 import math
 import re
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from huggingface_hub import ModelCard, ModelCardData
 from release import ReleaseError, data_path
 from release.config import BuildConfig, ReleaseConfig, available_builds, load_build, load_release
 from release.io import atomic_write, read_json
+from release.particles import Text, particle
 from release.select import TABLES, Candidate, SelectionDoc, read_selection, read_tables_doc
 from release.stats import min_observations
 
@@ -66,12 +68,25 @@ def _catalog(path: Path, lang: str) -> Catalog:
         raise ReleaseError(f"{path}: not a valid catalog ({exc}); fix it, then run 'make i18n'") from exc
 
 
+class _Messages(Translations):
+    """A compiled catalog whose messages choose their Korean particles once formatted (``particles.Text``): by
+    ``str.format`` on the Python side, by ``%`` in Jinja's ``trans`` blocks."""
+
+    def gettext(self, message: str) -> str:
+        return Text(super().gettext(message))
+
+    def ngettext(self, msgid1: str, msgid2: str, n: int) -> str:
+        return Text(super().ngettext(msgid1, msgid2, n))
+
+    ugettext, ungettext = gettext, ngettext  # what Jinja's install_gettext_translations prefers
+
+
 @functools.cache
 def _compiled(path: Path, lang: str) -> Translations:
     buf = io.BytesIO()
     write_mo(buf, _catalog(path, lang))
     buf.seek(0)
-    return Translations(buf)
+    return _Messages(buf)
 
 
 def translations(lang: str) -> NullTranslations:
@@ -184,6 +199,7 @@ def _environment(tr: NullTranslations) -> jinja2.Environment:
         extensions=["jinja2.ext.i18n"],
     )
     env.install_gettext_translations(tr, newstyle=True)  # type: ignore[attr-defined]
+    env.filters["particle"] = particle
     return env
 
 
@@ -203,6 +219,9 @@ def card_metadata(release: ReleaseConfig, langs: list[str]) -> ModelCardData:
 
 PATH_LABELS = {"fakequant": _("fake quant, offline replay"), "deployed": _("deployed FP8 build (diffusers)"),
                "served": _("policy server, FP8 GEMM"), "yardstick": _("BF16 yardstick")}
+# The yardsticks' rows (tables.json records them under these build names, with English titles).
+YARDSTICK_TITLES = {"yardstick-compile": _("BF16 eager vs BF16 torch.compile (yardstick)"),
+                    "yardstick-seed": _("BF16 seed vs BF16 other seed (yardstick)")}
 SPLIT_LABELS = {"calibration": _("calibration labs (in-sample)"), "validation": _("held-out labs"),
                 "all": _("all labs")}
 CHECK_LABELS = {"layout": _("Files, tensor names, dtypes and shapes"),
@@ -210,6 +229,77 @@ CHECK_LABELS = {"layout": _("Files, tensor names, dtypes and shapes"),
                 "modelopt_state": _("`modelopt_state.pth`, transformer and root"),
                 "values": _("Values"), "consistency": _("Indexes and shards"), "loadable": _("Loads and runs")}
 CHECK_STATUS = {"passed": _("passed"), "failed": _("FAILED"), "skipped": _("skipped")}
+FILE_KINDS = {"tool sidecar": _("tool sidecar files ({n})"), "documentation": _("documentation files ({n})"),
+              "base-model branch": _("files of the base model's other branches ({n})"),
+              "unexpected": _("unexpected files ({n})")}
+
+
+def _check_detail(check: dict[str, Any], status: str, per_channel: bool, f: Formatter, t: Any) -> str:
+    """A check's result in the card's language, worded from the figures ``release verify`` recorded in its
+    ``details`` (its English ``summary`` is the report's and the command line's). A failed check shows its first
+    problem as recorded, in a code span: a diagnostic names files and tensors."""
+    if status == "skipped":
+        return t(_("not run: no reference checkpoint"))
+    if status == "failed":
+        return t(_("first problem: {problem}")).format(problem=f"`{check.get('summary', '')}`")
+    d = check["details"]
+    name = check["name"]
+    if name == "layout":
+        kinds: dict[str, int] = {}
+        for kind in d["files_one_side"].values():
+            kinds[kind] = kinds.get(kind, 0) + 1
+        rest = ", ".join(t(FILE_KINDS[k]).format(n=n) for k, n in sorted(kinds.items())) or t(_("none"))
+        text = _("{common} tensors in common, {differ} dtype or shape differences; on one side only: {rest}")
+        return t(text).format(common=d["common_tensors"], differ=len(d["dtype_or_shape_differences"]), rest=rest)
+    if name == "quantization_config":
+        return t(_("identical to the reference's in the per-channel scheme (`quant_algo` "
+                   "`FP8_PER_CHANNEL_PER_TOKEN`)")) if per_channel else t(_("identical to the reference's"))
+    if name == "modelopt_state":
+        text = _("`{file}`: {common} entries in common, {build} in the build only, {reference} in the reference only, "
+                 "{differ} differ, {scheme} set by the per-channel scheme") if per_channel else \
+            _("`{file}`: {common} entries in common, {build} in the build only, {reference} in the reference only, "
+              "{differ} differ")
+        return "; ".join(t(text).format(file=file, common=c["common"], build=c["build_only"],
+                                        reference=c["reference_only"], differ=c["differ"],
+                                        **({"scheme": c["scheme"]} if per_channel else {}))
+                         for file, c in d["counts"].items())
+    if name == "values":
+        source = t(_("the smoothed source weight")) if d["folded"] else t(_("the source weight"))
+        weights = _("{n} FP8 weights with per-channel weight scales and no static input scale") if per_channel \
+            else _("{n} FP8 weights with positive finite scales")
+        parts = [t(weights).format(n=d["fp8_weights"])]
+        if d.get("own_codes"):  # absent from reports made before recipes could make their own codes
+            parts.append(t(_("the recipe's own codes, valid FP8, within {error} relative error of {source} (bound "
+                             "{bound})")).format(error=f.num(d["worst_weight_error"]), source=source,
+                                                 bound=f.num(d["max_weight_error"], 2)))
+            if d.get("reconstruction_ratio_median") is not None:
+                parts.append(t(_("reconstruction error on calibration data {ratio} times round-to-nearest's (median "
+                                 "over the Linears)")).format(ratio=f.num(d["reconstruction_ratio_median"], 2)))
+        else:
+            parts.append(t(_("codes equal a recomputation from the source, within {steps} FP8 steps of {source}"))
+                         .format(steps=f.num(d["worst_fp8_steps"], 2), source=source))
+        parts.append(t(_("other tensors equal the source except {k} norms and `up_proj` with folded smoothing"))
+                     .format(k=d["folded"]) if d["folded"] else t(_("other tensors equal the source")))
+        return "; ".join(parts)
+    if name == "consistency":
+        return t(_("both indexes list exactly the shards present; no tensor twice; no orphan file"))
+    return t(_("loads in diffusers with ModelOpt's restore; one policy rollout, W8A8 on every step through a row-wise "
+               "FP8 GEMM, gives finite actions")) if per_channel else \
+        t(_("loads in diffusers with ModelOpt's restore; one policy rollout gives finite actions"))
+
+
+def verification_rows(report: dict[str, Any], statuses: list[str], path: Path, build: BuildConfig, f: Formatter,
+                      t: Any) -> list[dict[str, str]]:
+    """The card's verification table; a check whose details lack a figure the card words is refused."""
+    rows = []
+    for c, status in zip(report["checks"], statuses, strict=True):
+        try:
+            summary = _check_detail(c, status, build.scheme == PER_CHANNEL, f, t)
+        except (KeyError, TypeError, AttributeError) as exc:  # a field missing, or of another type
+            raise ReleaseError(f"{path}: check {c['name']!r} does not hold what 'release verify' records "
+                               f"({type(exc).__name__}: {exc}); rerun 'release verify {build.name}'") from exc
+        rows.append({"label": t(CHECK_LABELS[c["name"]]), "status": t(CHECK_STATUS[status]), "summary": summary})
+    return rows
 
 
 def check_statuses(report: dict[str, Any], path: Path, build: str) -> list[str]:
@@ -223,18 +313,21 @@ def check_statuses(report: dict[str, Any], path: Path, build: str) -> list[str]:
     return [c["status"] for c in checks]
 
 
-# Headers with a literal "%": Jinja's trans blocks would look them up as "%%".
+# Headers with a literal "%": Jinja's trans blocks would look them up as "%%". The difference columns say "the
+# baseline": the comparison names it (tables.json's "baseline"), so that a header fits its column.
 HEADERS = {"overall": _("overall (sigma) [95% CI]"), "gripper": _("gripper agree [95% CI]"),
-           "sigma": _("sigma [95% CI]"), "diff": _("vs RTN [95% CI]"),
-           "plot": _("Overall action error per build and path with 95% CIs; the line is the gate.")}
-CORRECTED = {"diff": _("vs RTN, Bonferroni-corrected 95% CI (m = {m})"), "p": _("p, Bonferroni-corrected (m = {m})")}
+           "sigma": _("sigma [95% CI]"), "diff": _("vs baseline [95% CI]"),
+           "plot": _("Overall action error of every build per path and split with 95% CIs, this build highlighted, "
+                     "on the gate's scale (left) and as the difference to the baseline (right).")}
+CORRECTED = {"diff": _("vs baseline, Bonferroni-corrected 95% CI (m = {m})"),
+             "p": _("p, Bonferroni-corrected (m = {m})")}
 # The columns of a results table on a path that is not fake quant (the seed's "served results").
 PATH_HEADERS = {
-    "served": {"sigma": _("served sigma [95% CI]"), "diff": _("served vs RTN [95% CI]"),
-               "diff_m": _("served vs RTN, Bonferroni-corrected 95% CI (m = {m})"), "changes": _("served changes"),
-               "gate": _("gate (fake quant / served)")},
-    "deployed": {"sigma": _("deployed sigma [95% CI]"), "diff": _("deployed vs RTN [95% CI]"),
-                 "diff_m": _("deployed vs RTN, Bonferroni-corrected 95% CI (m = {m})"),
+    "served": {"sigma": _("served sigma [95% CI]"), "diff": _("served vs baseline [95% CI]"),
+               "diff_m": _("served vs baseline, Bonferroni-corrected 95% CI (m = {m})"),
+               "changes": _("served changes"), "gate": _("gate (fake quant / served)")},
+    "deployed": {"sigma": _("deployed sigma [95% CI]"), "diff": _("deployed vs baseline [95% CI]"),
+                 "diff_m": _("deployed vs baseline, Bonferroni-corrected 95% CI (m = {m})"),
                  "changes": _("deployed changes"), "gate": _("gate (fake quant / deployed)")},
 }
 TOO_FEW = _("too few observations")
@@ -242,7 +335,28 @@ PER_TENSOR = "fp8_w8a8_per_tensor_static"
 PER_CHANNEL = "fp8_per_channel_per_token"
 FAMILIES = {PER_TENSOR: _("NVIDIA's format (W8A8 FP8, per-tensor static)"),
             PER_CHANNEL: _("per-channel weight / per-token activation (exploratory)")}
+SCHEMES = {PER_TENSOR: _("ModelOpt W8A8, per-tensor static"),
+           PER_CHANNEL: _("ModelOpt W8A8, per-channel weights, per-token activations")}
 MEASURED = ("fakequant", "deployed", "served")
+
+
+def build_titles(names: Iterable[str], lang: str) -> dict[str, str]:
+    """The title in ``lang`` of each build of ``names`` that has a build file."""
+    files = set(available_builds())
+    return {n: load_build(n).text("title", lang) for n in names if n in files}
+
+
+def titled(records: list[dict[str, Any]], lang: str, t: Any) -> list[dict[str, Any]]:
+    """tables.json's records with each title in the card's language: a build's from its build file, a yardstick's
+    from the catalog; any other (an external checkpoint) keeps the title it was evaluated under."""
+    titles = build_titles({r["build"] for r in records}, lang) | {k: t(v) for k, v in YARDSTICK_TITLES.items()}
+    return [{**r, "title": titles.get(r["build"], r["title"])} for r in records]
+
+
+def baseline_name(tables: dict[str, Any]) -> str:
+    """The build the differences are to (tables.json's "baseline"), by its title in the (titled) records."""
+    name = str(tables.get("baseline", "rtn"))
+    return next((str(r["title"]) for r in tables["records"] if r["build"] == name), f"`{name}`")
 
 
 def build_label(record: dict[str, Any], t: Any) -> str:
@@ -265,7 +379,7 @@ def speed_lines(records: list[dict[str, Any]], f: Formatter, t: Any) -> list[str
     for r in records:
         s = r.get("speed")
         if s:
-            lines.append(t(_("Speed and memory ({where}, {device}): {seconds} s vs {bf16_seconds} s per rollout for "
+            lines.append(t(_("Speed and memory ({where}, `{device}`): {seconds} s vs {bf16_seconds} s per rollout for "
                              "BF16 (median of {n} rollouts each), peak GPU memory {gib} vs {bf16_gib} GiB.")).format(
                 where=_where(r["path"], r["split"], t), device=s["build"]["device"],
                 seconds=f.num(s["build"]["seconds"], 2), bf16_seconds=f.num(s["bf16"]["seconds"], 2),
@@ -301,7 +415,7 @@ def fidelity_rows(records: list[dict[str, Any]], f: Formatter, t: Any) -> list[d
 
 def diff_headers(records: list[dict[str, Any]], t: Any, path: str = "fakequant") -> dict[str, str]:
     """Headers of the difference and p columns: the intervals and p-values shown are Bonferroni-corrected over the
-    m builds compared with RTN on the same path and split; with m = 1 that is the plain 95% interval."""
+    m builds compared with the baseline on the same path and split; with m = 1 that is the plain 95% interval."""
     ms = sorted({r["comparisons"] for r in records if r.get("comparisons")})
     plain, corrected = (HEADERS["diff"], CORRECTED["diff"]) if path == "fakequant" else \
         (PATH_HEADERS[path]["diff"], PATH_HEADERS[path]["diff_m"])
@@ -356,11 +470,12 @@ def ranking_rows(rows: list[dict[str, Any]], f: Formatter, t: Any) -> list[dict[
             for i, r in enumerate(rows, start=1)]
 
 
-def attribution_rows(records: list[dict[str, Any]], f: Formatter) -> list[dict[str, str]]:
-    """Where each difference to the baseline comes from, delivered builds first, then by overall error."""
+def attribution_rows(records: list[dict[str, Any]], f: Formatter, t: Any) -> list[dict[str, str]]:
+    """Where each difference to the baseline comes from, delivered builds first, then by overall error; the rows of
+    one path and split (the table's introduction names them)."""
     shown = sorted((r for r in records if r.get("attribution")), key=lambda r: (not r.get("delivered"),
                                                                                r["overall_sigma"]))
-    return [{"build": r["title"], "diff": f.num(r["attribution"]["diff"], sign=True),
+    return [{"build": build_label(r, t), "diff": f.num(r["attribution"]["diff"], sign=True),
              "top": ", ".join(str(o) for o in r["attribution"]["top_observations"]),
              "without": f.num(r["attribution"]["diff_without_top"], sign=True),
              "share": f.pct(r["attribution"]["top3_error_share"], 1) if r["attribution"].get("top3_error_share")
@@ -514,7 +629,7 @@ def _same_codes_notes(rows: list[dict[str, Any]], provenances: dict[str, dict[st
                 _("{build} quantizes exactly as {twin}: byte-equal FP8 codes (all {n}) and no static input scales "
                   "(the scheme computes them per token).")
             notes.append(t(text).format(
-                build=titles[build], twin=titles.get(twin) or load_build(twin).title,
+                build=titles[build], twin=titles.get(twin) or load_build(twin).text("title", f.lang),
                 n=format_decimal(mine["fp8"].get("codes", 0), locale=f.lang), k=differ, m=len(ours)))
     return notes
 
@@ -582,8 +697,8 @@ def setup_rows(records: list[dict[str, Any]], release: ReleaseConfig, build: Bui
     compile_ys = next((r for r in records if r["build"] == "yardstick-compile"), None)
     seed_ys = next((r for r in records if r["build"] == "yardstick-seed"), None)
     rows = [
-        (_("Quantized"), t(_("{n} Linear layers of the transformer: both towers x {layers} layers x q/k/v/o and "
-                            "gate/up/down; what stays BF16 is in the Scheme table")).format(
+        (_("Quantized"), t(_("{n} Linear layers of the transformer: both towers x {layers} layers x `q/k/v/o` and "
+                            "`gate/up/down`; what stays BF16 is in the Scheme table")).format(
             n=prov["quantized_linears"], layers=layers)),
         (_("Scheme"), scheme),
         (_("Export"), t(_("ModelOpt {version} in NVIDIA's diffusers layout")).format(
@@ -596,6 +711,7 @@ def setup_rows(records: list[dict[str, Any]], release: ReleaseConfig, build: Bui
             n=n, split=t(SPLIT_LABELS[s])) for s, n in splits)),
         (_("Error metrics"), t(_("overall: normalised action RMS in units of DROID's per-dimension action sigma; "
                                  "changes: steps whose binarized gripper (open / closed) differs from BF16"))),
+        (_("Baseline"), baseline),
         (_("Statistics"), t(_("bootstrap over observations, {r} resamples; the differences to {baseline} are paired "
                               "(the same resamples) and Bonferroni-corrected over the builds of a path and split"))
          .format(r=format_decimal(resamples, locale=f.lang), baseline=baseline)),
@@ -642,10 +758,13 @@ def decision_rows(records: list[dict[str, Any]], release: ReleaseConfig, baselin
         return ", ".join(_where(r["path"], r["split"], t) for r in rows)
 
     passing = [b for b in delivered if all(r["gate"] for r in by_build[b])]
-    out = [{"item": t(_("Delivered")), "content": t(_("{builds}; passing the gate on every evaluated path: {passing}. "
-                                                      "RTN is the NVIDIA-identical reference.")).format(
+    content = t(_("{builds}; passing the gate on every evaluated path: {passing}.")).format(
         builds=", ".join(titles[b] for b in delivered) or "-",
-        passing=", ".join(titles[b] for b in passing) or t(_("none")))}]
+        passing=", ".join(titles[b] for b in passing) or t(_("none")))
+    if baseline in (titles[b] for b in delivered):
+        content += " " + t(_("{baseline} is delivered as the reference that the others are compared with.")).format(
+            baseline=baseline)
+    out = [{"item": t(_("Delivered")), "content": content}]
     for b, rows in by_build.items():
         if b in delivered or len({r["path"] for r in rows}) < 2:
             continue
@@ -724,7 +843,10 @@ def path_tables(records: list[dict[str, Any]], baseline: str, first: int, f: For
             "heading": f"{section}. {_capital(_where(path, split, t))}",
             "headers": {k: t(v) for k, v in PATH_HEADERS[path].items() if k != "diff_m"} | diff_headers(group, t, path),
             "rows": path_rows(records, path, split, f, t),
-            "attribution": attribution_rows(group, f), "notes": _notes_on_path(records, path, split, baseline, f, t)})
+            "attribution": attribution_rows(group, f, t),
+            "attribution_intro": t(_("Where the differences to {baseline} come from on {where}, observation by "
+                                     "observation:")).format(baseline=baseline, where=_where(path, split, t)),
+            "notes": _notes_on_path(records, path, split, baseline, f, t)})
     return tables
 
 
@@ -757,16 +879,18 @@ def comparison_context(release: ReleaseConfig, build: BuildConfig, prov: dict[st
     measured = [r for r in records if r["path"] in MEASURED]
     if len({r["build"] for r in measured}) < 2:
         return None
-    baseline = "RTN" if tables.get("baseline", "rtn") == "rtn" else f"`{tables['baseline']}`"
+    baseline = baseline_name(tables)
     date = dt.datetime.fromisoformat(tables["date"]).date() if tables.get("date") else \
         dt.datetime.fromisoformat(prov["date"]).date()
     me = next((r for r in measured if r["build"] == build.name), None)
     paths = path_tables(records, baseline, 2, f, t)
     fakequant = fakequant_tables(records, baseline, provenances, 2 + len(paths), f, t)
     section = 1 + len(paths) + len(fakequant)
+    titles = build_titles([s.build for s in release.siblings], f.lang)
     return {
-        "date": f.date(date), "title": build_label(me, t) if me else build.title,
-        "siblings": [{"build": f"{load_build(s.build).title} ({t(_('delivered'))})", "repo": f"{release.org}/{s.repo}"}
+        "date": f.date(date), "title": build_label(me, t) if me else build.text("title", f.lang),
+        "baseline": baseline,
+        "siblings": [{"build": f"{titles[s.build]} ({t(_('delivered'))})", "repo": f"{release.org}/{s.repo}"}
                      for s in release.siblings],
         "conclusions": conclusions(records, baseline, f, t),
         "setup": setup_rows(records, release, build, prov, int(tables.get("resamples", 10_000)), baseline, f, t),
@@ -805,30 +929,95 @@ def _use_hangul_font() -> None:
     rcParams["axes.unicode_minus"] = False
 
 
-def forest_plot(records: list[dict[str, Any]], gate_sigma: float, lang: str, out: Path) -> None:
-    """Overall sigma with 95% interval per build and path, the gate as a line, labelled in ``lang``."""
+PATH_COLOURS = {"fakequant": "tab:blue", "deployed": "tab:orange", "served": "tab:green", "yardstick": "tab:gray"}
+SPLIT_MARKERS = {"calibration": "o", "validation": "s", "all": "D"}
+HIGHLIGHT = "#fdeeb0"
+
+
+def forest_rows(records: list[dict[str, Any]], t: Any) -> list[tuple[str, str]]:
+    """The plot's rows top down as (build, label): the builds by their error on the first path and split of the
+    comparison (the others after them), then the yardsticks; labels are the (titled) records' titles."""
+    groups = _groups(records, MEASURED)
+    first = {r["build"]: r["overall_sigma"] for r in _group(records, *groups[0])} if groups else {}
+    labels = {r["build"]: build_label(r, t).replace("`", "") for r in records}
+    builds = sorted({r["build"] for r in records if r["path"] in MEASURED}, key=lambda b: (first.get(b, math.inf), b))
+    yardsticks = sorted({r["build"] for r in records if r["path"] == "yardstick"})
+    return [(b, labels[b]) for b in [*builds, *yardsticks]]
+
+
+def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path) -> None:
+    """This build's plot, labelled in ``lang``: every build's overall error with its 95% interval for each path and
+    split (one colour per path, one marker per split), this build's row highlighted, the yardsticks below. The left
+    panel is on the gate's scale (a log axis that holds the gate, the builds and the yardsticks); the right one is
+    each build's difference to the baseline with the Bonferroni-corrected interval of tables.json, on a scale where
+    those intervals are visible. Everything drawn is sorted, so the PNG is byte-stable for the same input."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, NullFormatter
 
     _use_hangul_font()
 
     t = translations(lang).gettext
-    rows = [r for r in records if r["path"] != "yardstick"]
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.5), dpi=100)
-    for i, r in enumerate(rows):
-        lo, hi = r["overall_ci"] or (r["overall_sigma"], r["overall_sigma"])  # no interval: too few observations
-        ax.errorbar(r["overall_sigma"], i, xerr=[[r["overall_sigma"] - lo], [hi - r["overall_sigma"]]], fmt="o",
-                    color="tab:blue" if r["path"] == "fakequant" else "tab:orange", capsize=3)
-    ax.axvline(gate_sigma, color="tab:red", linestyle="--", label=t(_("gate")))
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{r['build']} / {t(PATH_LABELS[r['path']])} / {t(SPLIT_LABELS[r['split']])}"
-                        for r in rows], fontsize=7)
-    ax.set_xlabel(t(_("overall action error (sigma) with 95% CI")))
-    ax.invert_yaxis()
-    ax.legend(loc="lower right")
-    fig.tight_layout()
+    f = Formatter(lang)
+    records = tables["records"]
+    rows = forest_rows(records, t)
+    y = {b: i for i, (b, _) in enumerate(rows)}
+    measured = _groups(records, MEASURED)
+    yardstick = sorted({("yardstick", r["split"]) for r in records if r["path"] == "yardstick"},
+                       key=lambda g: list(SPLIT_LABELS).index(g[1]))
+    offsets = {g: (k - (len(gs) - 1) / 2) * min(0.2, 0.7 / len(gs)) for gs in (measured, yardstick)
+               for k, g in enumerate(gs)}
+    handles: list[Any] = [Line2D([], [], color=PATH_COLOURS[path], marker=SPLIT_MARKERS[split], linestyle="",
+                                 label=_where(path, split, t)) for path, split in [*measured, *yardstick]]
+    legend_rows = math.ceil((len(handles) + 2) / 2)
+    height = 0.3 * len(rows) + 1.4 + 0.22 * legend_rows
+    fig, (gate_ax, diff_ax) = plt.subplots(1, 2, sharey=True, figsize=(13, height), dpi=100,
+                                           gridspec_kw={"width_ratios": [3, 2]})
+    for ax in (gate_ax, diff_ax):
+        if build.name in y:
+            ax.axhspan(y[build.name] - 0.5, y[build.name] + 0.5, color=HIGHLIGHT, zorder=0)
+        ax.grid(axis="x", color="0.9", zorder=0)
+    lows, highs, spans = [build.gate.overall_sigma], [build.gate.overall_sigma], [0.0]
+    for r in records:
+        at = y[r["build"]] + offsets[(r["path"], r["split"])]
+        style = {"fmt": SPLIT_MARKERS[r["split"]], "color": PATH_COLOURS[r["path"]], "capsize": 2, "markersize": 4,
+                 "elinewidth": 1, "zorder": 3}
+        x = r["overall_sigma"]
+        lo, hi = r["overall_ci"] or (x, x)  # no interval: too few observations
+        gate_ax.errorbar(x, at, xerr=[[x - lo], [hi - x]], **style)
+        lows.append(lo)
+        highs.append(hi)
+        if r.get("diff_to_baseline") is not None:
+            d = r["diff_to_baseline"]
+            dlo, dhi = r.get("diff_ci_corrected") or (d, d)
+            diff_ax.errorbar(d, at, xerr=[[d - dlo], [dhi - d]], **style)
+            spans += [abs(dlo), abs(dhi)]
+    positive = [v for v in lows if v > 0] or [build.gate.overall_sigma]
+    gate_ax.set_xscale("log", nonpositive="clip")
+    gate_ax.set_xlim(min(positive) / 1.5, max(highs) * 1.5)
+    gate_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_decimal(v, locale=lang)))  # 0.01, not 10^-2
+    gate_ax.xaxis.set_minor_formatter(NullFormatter())
+    gate_ax.axvline(build.gate.overall_sigma, color="tab:red", linestyle="--", linewidth=1.2, zorder=2)
+    diff_ax.axvline(0, color="0.3", linewidth=0.8, zorder=2)
+    diff_ax.set_xlim(-max(spans) * 1.15 or -1, max(spans) * 1.15 or 1)
+    gate_ax.set_yticks(range(len(rows)))
+    gate_ax.set_yticklabels([label for _, label in rows], fontsize=8.5)
+    for i, tick in enumerate(gate_ax.get_yticklabels()):
+        if rows[i][0] == build.name:
+            tick.set_fontweight("bold")
+    gate_ax.invert_yaxis()
+    gate_ax.set_xlabel(t(_("overall action error (sigma, log scale) with 95% CI")), fontsize=9)
+    diff_ax.set_xlabel(t(_("difference to {baseline} (sigma)\nwith its Bonferroni-corrected 95% CI")).format(
+        baseline=baseline_name(tables).replace("`", "")), fontsize=9)
+    handles += [Line2D([], [], color="tab:red", linestyle="--",
+                       label=t(_("gate: overall <= {sigma} sigma")).format(sigma=f.num(build.gate.overall_sigma, 2))),
+                Patch(color=HIGHLIGHT, label=t(_("this build")))]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8.5, frameon=False)
+    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / height, 1, 1))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     plt.close(fig)
@@ -914,7 +1103,7 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
     if not mine:
         raise ReleaseError(f"tables.json has no results for build {build.name!r}; run 'release eval {build.name}' "
                            "and 'release tables' first")
-    baseline = [r for r in all_records if r["build"] == "rtn" and build.name != "rtn"]
+    baseline = [r for r in all_records if r["build"] == tables.get("baseline", "rtn") and r["build"] != build.name]
     yardsticks = [r for r in all_records if r["path"] == "yardstick"]
     date = dt.datetime.fromisoformat(prov["date"]).date()
     passed = [r for r in mine if r["gate"]]
@@ -935,7 +1124,8 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
                            "scheme.")))
     caveats.append(t(_("The numbers come from the evaluation data named in `provenance.json` and "
                        "`results/`; a different robot setup can behave differently.")))
-    siblings = [{"repo_id": f"{release.org}/{s.repo}", "title": load_build(s.build).title,
+    sibling_titles = build_titles([s.build for s in release.siblings], lang)
+    siblings = [{"repo_id": f"{release.org}/{s.repo}", "title": sibling_titles[s.build],
                  "current": s.build == build.name} for s in release.siblings]
     languages_line = " | ".join(
         f"[{code}]({'README.md' if code == langs[0] else f'README.{code}.md'})" for code in langs
@@ -950,20 +1140,17 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
     if source.get("revision_mismatch"):
         source_note += " " + t(_("It is not the release's pinned base_revision `{base}`: built with "
                                  "`--allow-revision-mismatch`.")).format(base=source.get("base_revision", "?"))
-    scheme = "ModelOpt W8A8, per-tensor static" if build.scheme == PER_TENSOR else \
-        "ModelOpt W8A8, per-channel weights, per-token activations"
     return {
         "release": release, "prov": prov, "repo_id": f"{release.org}/{build.repo}",
-        "title": f"Cosmos3-Nano-Policy-DROID, {build.title} ({scheme})",
-        "description": build.description, "siblings": siblings, "languages_line": languages_line,
+        "title": f"{release.base_model.split('/')[-1]}, {build.text('title', lang)} ({t(SCHEMES[build.scheme])})",
+        "description": build.text("description", lang), "siblings": siblings, "languages_line": languages_line,
+        "deliverable": build.deliverable,
         "recipe_text": recipe_text(build, t), "scheme": scheme_rows(build, prov, t), "source_note": source_note,
         "kept": ", ".join(f"`{k}`" for k in build.kept_bf16),
         "built_date": f.date(date), "gate_sigma": f.num(build.gate.overall_sigma, 2),
         "gate_rate": f.pct(build.gate.gripper_change_rate, 1), "gate_verdict": gate_verdict,
         "verification_reference": Path(report["reference"]).name if report.get("reference") else "",
-        "verification": [{"label": t(CHECK_LABELS[c["name"]]), "status": t(CHECK_STATUS[status]),
-                          "summary": c.get("summary", "")} for c, status in zip(report["checks"], statuses,
-                                                                                strict=True)],
+        "verification": verification_rows(report, statuses, report_path, build, f, t),
         "verification_skipped": ", ".join(t(CHECK_LABELS[c["name"]]) for c, status in zip(report["checks"], statuses,
                                                                                           strict=True)
                                           if status == "skipped"),
@@ -1015,10 +1202,11 @@ def selection_context(doc: SelectionDoc | None, build: BuildConfig, f: Formatter
     verdict = t(_("This build is not one of the candidates.")) if mine is None else \
         t(VERDICTS[mine.chosen]).format(rank=place(mine))
     gate = {True: t(_("pass")), False: t(_("fail"))}
+    titles = build_titles([c.build for c in doc.candidates], f.lang)
     rows = []
     for c in doc.candidates:
-        row = {"rank": str(c.rank or "-"), "build": c.title or f"`{c.build}`", "overall": "-", "gripper": "-",
-               "changes": "-", "gate": place(c), "chosen": t(CHOSEN[c.chosen]) if c.chosen else "-"}
+        row = {"rank": str(c.rank or "-"), "build": titles.get(c.build) or c.title or f"`{c.build}`", "overall": "-",
+               "gripper": "-", "changes": "-", "gate": place(c), "chosen": t(CHOSEN[c.chosen]) if c.chosen else "-"}
         if c.scores is not None and c.gate is not None:
             s = c.scores
             failed = ", ".join(t(GATE_CRITERIA[k]) for k in c.gate.failed)
@@ -1059,9 +1247,10 @@ def sweep_provenances(dist: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def card_files(request: CardRequest, tables: dict[str, Any],
+def card_files(request: CardRequest, localized: dict[str, dict[str, Any]],
                selection: SelectionDoc | None) -> dict[Path, str | bytes]:
-    """Every file the cards add to each build folder (README per language, LICENSE); plots are written apart."""
+    """Every file the cards add to each build folder (README per language, LICENSE); plots are written apart.
+    ``localized``: tables.json per card language, its records titled in that language."""
     files: dict[Path, str | bytes] = {}
     provenances = sweep_provenances(request.dist)
     for build in request.builds:
@@ -1070,21 +1259,22 @@ def card_files(request: CardRequest, tables: dict[str, Any],
             raise ReleaseError(f"{folder}: missing; run 'release build {build.name}' first")
         for i, lang in enumerate(request.langs):
             name = "README.md" if i == 0 else f"README.{lang}.md"
-            files[folder / name] = render_card(request.release, build, folder, tables, selection, provenances, lang,
-                                               request.langs)
+            files[folder / name] = render_card(request.release, build, folder, localized[lang], selection, provenances,
+                                               lang, request.langs)
         files[folder / "LICENSE"] = LICENSE_TEXT.format(link=request.release.license.link)
     return files
 
 
 def render_cards(request: CardRequest) -> list[Path]:
     tables = read_tables_doc(request.dist / TABLES)
-    files = card_files(request, tables, read_selection(request.dist))
+    localized = {lang: {**tables, "records": titled(tables["records"], lang, translations(lang).gettext)}
+                 for lang in request.langs}
+    files = card_files(request, localized, read_selection(request.dist))
     if request.check:
         return sorted(files)
     for build in request.builds:
         for lang in request.langs:
-            forest_plot(tables["records"], build.gate.overall_sigma, lang,
-                        request.dist / build.repo / f"forest.{lang}.png")
+            forest_plot(localized[lang], build, lang, request.dist / build.repo / f"forest.{lang}.png")
     for path, text in files.items():
         atomic_write(path, text)
     return sorted(files)

@@ -15,7 +15,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from release import ReleaseError
 
@@ -148,7 +157,8 @@ class ReleaseConfig(_Strict):
     license: License
     org: str
     languages: list[str] = Field(min_length=1)
-    library_name: str = "diffusers"
+    library_name: str = Field("cosmos", description="the Hub's library tag: 'cosmos' as the seed card, since the "
+                              "Hub's 'diffusers' snippet would skip ModelOpt's restore (builds/release.yaml)")
     tags: list[str] = []
     siblings: list[Sibling] = Field(min_length=1)
     policy: PolicySettings = PolicySettings()
@@ -237,9 +247,29 @@ class Calibrator(_Strict):
     percentile: float = Field(99.99, gt=0, le=100, description="histogram: percentile of |x| (ModelOpt)")
 
 
+LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[-_][A-Za-z0-9]+)*")  # en, ko, pt-BR, zh_Hant
+
+
+def _localized(value: Any) -> Any:
+    """A text shown on the cards: one string for every language, or ``{en: ..., ko: ...}`` with ``en`` (the tool's
+    language) required and each language's text a non-empty string. One message for every shape that is neither
+    (pydantic would report each member of the union apart)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "en" in value and all(
+            isinstance(k, str) and LANGUAGE_CODE.fullmatch(k) and isinstance(v, str) and v.strip()
+            for k, v in value.items()):
+        return value
+    raise ValueError("give one text, or a text per language such as {en: 'FP8 GPTQ', ko: 'FP8 GPTQ 빌드'}: 'en' is "
+                     f"required, keys are language codes, texts are not empty; got {value!r}")
+
+
+Localized = Annotated[str | dict[str, str], BeforeValidator(_localized)]
+
+
 class BuildConfig(_Strict):
     name: str
-    title: str
+    title: Localized
     repo: str
     recipe: list[RecipeStep] = Field(min_length=1, description="steps in order: at most one smoothing step "
                                      "(smoothquant, awq), then at most one weight step (gptq, autoround); rtn alone "
@@ -258,7 +288,7 @@ class BuildConfig(_Strict):
     calibration_calls: int = Field(256, ge=1)
     algorithm_calls: int = Field(32, ge=0)
     gate: Gate = Gate()
-    description: str = ""
+    description: Localized = ""
     delivered: bool = False
     deliverable: bool = Field(True, description="false: a build that NVIDIA's policy server cannot serve; "
                               "'release push' refuses it")
@@ -311,6 +341,17 @@ class BuildConfig(_Strict):
             raise ValueError("'delivered: true' with 'deliverable: false'; a build that cannot be served cannot be "
                              "one of the release's repos")
         return self
+
+    def text(self, field: Literal["title", "description"], lang: str = "en") -> str:
+        """The field in ``lang``: its one text, or its text for ``lang``; a per-language field without that language
+        is refused (the card would show English there), as ``check_catalog`` refuses a catalog gap."""
+        value: str | dict[str, str] = getattr(self, field)
+        if isinstance(value, str):
+            return value
+        if lang not in value:
+            raise ReleaseError(f"{builds_dir() / self.name}.yaml: field '{field}' has no {lang!r} text; the {lang} "
+                               f"card would show English there: add '{lang}: ...' under '{field}'")
+        return value[lang]
 
     def section(self, step: str) -> Any:
         """The parameters of recipe step ``step``: its section, or the section's defaults."""

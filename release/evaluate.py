@@ -361,7 +361,8 @@ def run_eval(request: EvalRequest) -> list[Path]:
         elif world().main:
             out.with_suffix(PERF).unlink(missing_ok=True)  # an earlier run's figures are not these results'
         if subject.revision is not None and world().main:  # what 'release tables' needs to score it
-            write_json(subject.results / "external.json", {"name": subject.build.name, "title": subject.build.title,
+            write_json(subject.results / "external.json", {"name": subject.build.name,
+                                                           "title": subject.build.text("title"),
                                                            "checkpoint": subject.spec, "revision": subject.revision})
         written.append(out)
     if request.yardsticks:

@@ -199,8 +199,9 @@ def rank(rule: Selection, records: list[dict[str, Any]], path: Path) -> tuple[li
                   for i, (name, position, s, g) in enumerate(scored, start=1)]
     for name, position in others:
         defined = (builds_dir() / f"{name}.yaml").is_file()
-        candidates.append(Candidate(build=name, position=position, title=load_build(name).title if defined else None,
-                                    rank=None, chosen=chosen(name), scores=None, gate=None,
+        title = load_build(name).text("title") if defined else None
+        candidates.append(Candidate(build=name, position=position, title=title, rank=None, chosen=chosen(name),
+                                    scores=None, gate=None,
                                     not_evaluated="no_results" if defined else "no_build_file",
                                     evaluated_on=sorted(elsewhere.get(name, []))))
     return candidates, [*rule.always, *by_rank]

@@ -210,7 +210,7 @@ def build_tables(request: TablesRequest) -> tuple[list[dict[str, Any]], dict[str
     attributions: list[dict[str, Any]] = []
     for r in results:
         s = summarize(r.per_obs, counts(r.per_obs))
-        record: dict[str, Any] = {"build": r.build.name, "title": r.build.title, "delivered": r.build.delivered,
+        record: dict[str, Any] = {"build": r.build.name, "title": r.build.text("title"), "delivered": r.build.delivered,
                                   "scheme": r.build.scheme, "path": r.path, "split": r.split, **asdict(s),
                                   **concentration(r.per_obs),
                                   "x_eager_vs_compile": x_compile(s, r.split),

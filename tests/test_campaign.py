@@ -335,7 +335,7 @@ def test_the_card_says_which_builds_share_their_codes(campaign: Path) -> None:
 
     provenances = sweep_provenances(campaign)
     assert set(provenances) == set(REPO)
-    titles = {n: load_build(n).title for n in REPO}
+    titles = {n: load_build(n).text("title") for n in REPO}
     rows = [{"build": n, "title": titles[n]} for n in ("rtn", "autoround", "sq_auto", "sq_auto_autoround", "gptq")]
     notes = _same_codes_notes(rows, provenances, Formatter("en"), translations("en").gettext)
     assert notes == [
@@ -345,6 +345,8 @@ def test_the_card_says_which_builds_share_their_codes(campaign: Path) -> None:
         f"The FP8 codes of {titles['sq_auto_autoround']} are byte-equal to those of {titles['sq_auto']} (all 147,456 "
         "codes); the two differ only in their input scales (5 of 28 differ), so the gap between their rows is the "
         "activation calibration's."]
-    pc = [{"build": n, "title": titles[n]} for n in ("pc_rtn", "pc_autoround", "pc_gptq")]
+    ko = {n: load_build(n).text("title", "ko") for n in ("pc_rtn", "pc_autoround", "pc_gptq")}
+    pc = [{"build": n, "title": title} for n, title in ko.items()]
     [note] = _same_codes_notes(pc, provenances, Formatter("ko"), translations("ko").gettext)
-    assert note.startswith(f"{titles['pc_autoround']}는 {titles['pc_rtn']}와 똑같이 양자화됩니다.")
+    assert note.startswith("FP8 채널별 / 토큰별: AutoRound (기존 캠페인 방식: RTN 코드)는 FP8 채널별 가중치, 토큰별 "
+                           "활성값: RTN과 똑같이 양자화합니다.")  # 코드는, RTN과: the particles follow the titles

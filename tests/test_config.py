@@ -33,13 +33,13 @@ def test_unknown_field_names_file_line_and_field(builds: Path) -> None:
     with pytest.raises(ReleaseError) as err:
         load_build("rtn")
     msg = str(err.value)
-    assert f"{builds / 'rtn.yaml'}:5:" in msg and "'calibrater'" in msg and "valid fields" in msg
+    assert f"{builds / 'rtn.yaml'}:7:" in msg and "'calibrater'" in msg and "valid fields" in msg
     assert "calibrator" in msg  # the valid names are listed
 
 
 def test_nested_type_error_points_at_the_line(builds: Path) -> None:
     _replace(builds / "rtn.yaml", "  overall_sigma: 0.13", "  overall_sigma: lots")
-    with pytest.raises(ReleaseError, match=r"rtn\.yaml:30: field 'gate\.overall_sigma'"):
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml:34: field 'gate\.overall_sigma'"):
         load_build("rtn")
 
 
@@ -57,7 +57,7 @@ def test_missing_field(builds: Path) -> None:
 
 def test_unknown_recipe_lists_valid_ones(builds: Path) -> None:
     _replace(builds / "rtn.yaml", "recipe: rtn", "recipe: quarot")
-    with pytest.raises(ReleaseError, match=r"rtn\.yaml:5: field 'recipe.0': Input should be 'rtn', 'smoothquant', "):
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml:7: field 'recipe.0': Input should be 'rtn', 'smoothquant', "):
         load_build("rtn")
 
 
@@ -87,7 +87,7 @@ def test_unknown_field_in_an_optional_section_lists_its_fields(builds: Path) -> 
 def test_duplicate_key_in_a_nested_mapping(builds: Path) -> None:
     original = (builds / "rtn.yaml").read_text()
     _replace(builds / "rtn.yaml", "  overall_sigma: 0.13", "  overall_sigma: 0.13\n  overall_sigma: 0.5")
-    with pytest.raises(ReleaseError, match=r"rtn\.yaml:31: duplicate key 'overall_sigma' \(first on line 30\)"):
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml:35: duplicate key 'overall_sigma' \(first on line 34\)"):
         load_build("rtn")
     # a merge key ('<<') is no duplicate: an explicit key overrides a merged one, as YAML defines
     (builds / "rtn.yaml").write_text(original.replace("  overall_sigma: 0.13", "  <<: {overall_sigma: 0.5}\n"
@@ -109,3 +109,46 @@ def test_alpha_is_auto_or_a_number_in_0_1(builds: Path) -> None:
         (builds / "sq_auto.yaml").write_text(original.replace("alpha: auto", f"alpha: {alpha}"))
         smoothquant = load_build("sq_auto").smoothquant
         assert smoothquant is not None and smoothquant.alpha == value
+
+
+def test_title_and_description_take_a_text_per_language() -> None:
+    sq = load_build("sq_auto", ROOT / "builds")
+    assert sq.text("title") == "FP8 + SmoothQuant (alpha searched per layer)"
+    assert sq.text("title", "ko") == "FP8 + SmoothQuant (레이어별 α 탐색)"
+    assert sq.text("description", "ko").startswith("SmoothQuant는 양자화 전에 활성값의 범위를 가중치로 옮기고")
+    gptq = load_build("gptq", ROOT / "builds")
+    assert gptq.text("title", "ko") == gptq.text("title") == "FP8 GPTQ"  # one text for every language
+    for name in available_builds(ROOT / "builds"):  # every shipped build has a Korean title and description
+        build = load_build(name, ROOT / "builds")
+        assert build.text("title", "ko") and build.text("description", "ko")
+
+
+@pytest.mark.parametrize("title", ["{ko: '한국어만'}", "{en: '', ko: '영어가 빈 제목'}", "{en: x, Korean: y}",
+                                   "{en: x, ko: 3}", "[FP8, GPTQ]"])
+def test_a_per_language_title_needs_en_and_language_codes(builds: Path, title: str) -> None:
+    _replace(builds / "gptq.yaml", 'title: "FP8 GPTQ"', f"title: {title}")
+    with pytest.raises(ReleaseError) as err:
+        load_build("gptq")
+    msg = str(err.value)
+    assert msg.startswith(f"{builds / 'gptq.yaml'}:2: field 'title': give one text, or a text per language such as "
+                          "{en: 'FP8 GPTQ', ko: 'FP8 GPTQ 빌드'}: 'en' is required")
+    assert "\n" not in msg and "more)" not in msg  # one line, one error (not one per member of the union)
+
+
+def test_a_card_language_missing_from_a_per_language_field_is_refused(builds: Path) -> None:
+    _replace(builds / "rtn.yaml", '  ko: "FP8 (RTN, NVIDIA와 같은 레시피)"\n', "")
+    rtn = load_build("rtn")
+    assert rtn.text("title") == "FP8 (RTN, NVIDIA-identical recipe)"
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml: field 'title' has no 'ko' text; the ko card would show English "
+                                           r"there: add 'ko: \.\.\.' under 'title'$"):
+        rtn.text("title", "ko")
+
+
+def test_a_per_language_title_is_shown_in_its_language(builds: Path) -> None:
+    _replace(builds / "gptq.yaml", 'title: "FP8 GPTQ"', "title: {en: FP8 GPTQ, ko: FP8 GPTQ 빌드}")
+    gptq = load_build("gptq")
+    assert (gptq.text("title"), gptq.text("title", "ko")) == ("FP8 GPTQ", "FP8 GPTQ 빌드")
+    assert load_build("awq").text("title", "ko") == load_build("awq").text("title")  # one text for every language
+    with pytest.raises(ReleaseError, match=r"gptq\.yaml: field 'title' has no 'de' text; the de card would show "
+                                           r"English there: add 'de: \.\.\.' under 'title'$"):
+        gptq.text("title", "de")

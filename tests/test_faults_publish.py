@@ -266,7 +266,7 @@ def test_the_card_says_which_checks_ran(tmp_path: Path) -> None:
     assert "without a reference checkpoint" in en
     assert "Not every check ran, so this build is not fully verified. Skipped: Files, tensor names, dtypes and " \
            "shapes, `quantization_config`" in en
-    assert "| Files, tensor names, dtypes and shapes | skipped | skipped: no reference |" in en
+    assert "| Files, tensor names, dtypes and shapes | skipped | not run: no reference checkpoint |" in en
     ko = (dist / RTN / "README.ko.md").read_text(encoding="utf-8")
     assert "완전히 검증되지 않았습니다" in ko and "| 건너뜀 |" in ko
     other = (dist / "Cosmos3-Nano-Policy-DROID-FP8-SmoothQuant")

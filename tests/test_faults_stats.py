@@ -105,8 +105,8 @@ def test_compile_yardstick_equal_to_its_reference(dist: Path) -> None:
     assert rows[("yardstick-seed", "yardstick")]["x_eager_vs_compile"] == "inf"
     assert set(csv(dist, "fidelity")["x eager-vs-compile"]) == {"∞"}
     en, ko = cards(dist)
-    for card in (en, ko):
-        assert row(card, "BF16 eager vs BF16 torch.compile")[3:6:2] == ["-", "∞"]  # ratio, SNR
+    for card, yardstick in ((en, "BF16 eager vs BF16 torch.compile"), (ko, "BF16 즉시 실행 대 BF16 `torch.compile`")):
+        assert row(card, yardstick)[3:6:2] == ["-", "∞"]  # ratio, SNR
         assert row(card, "FP8 + SmoothQuant")[3] == "∞"
 
 
@@ -192,7 +192,7 @@ def test_too_few_observations(tmp_path: Path) -> None:
     assert [sq[k] for k in ("diff_ci", "diff_ci_corrected", "diff_p", "diff_p_corrected")] == [None] * 4
     assert all(cell.endswith(" (too few observations)") for cell in csv(dist, "fidelity")["overall (sigma) [95% CI]"])
     ranking = csv(dist, "ranking").set_index("build")
-    sq_title = load_build("sq_auto").title
+    sq_title = load_build("sq_auto").text("title")
     assert ranking.loc[sq_title, "vs baseline [Bonferroni-corrected 95% CI]"].endswith(" (too few observations)")
     assert ranking.loc[sq_title, "p (Bonferroni-corrected)"] == "too few observations"
     en, ko = cards(dist)
@@ -200,8 +200,9 @@ def test_too_few_observations(tmp_path: Path) -> None:
         assert row(card, "FP8 + SmoothQuant")[2].endswith(f" ({too_few})")  # fidelity: no interval
         deployed = row(card, "FP8 + SmoothQuant", cells=8)  # the comparison's deployed results
         assert deployed[2].endswith(f" ({too_few})") and deployed[3] == too_few  # difference and p
-    assert "Deployed FP8 build (diffusers), held-out labs: too few observations to compare the builds with RTN." in en
-    assert "관측 수가 너무 적어 RTN 대비 build를 비교할 수 없습니다." in ko
+    assert ("Deployed FP8 build (diffusers), held-out labs: too few observations to compare the builds with FP8 (RTN, "
+            "NVIDIA-identical recipe).") in en
+    assert "관측 수가 너무 적어 빌드를 FP8 (RTN, NVIDIA와 같은 레시피)와 비교할 수 없습니다." in ko
 
 
 # item 16 -------------------------------------------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def test_candidate_equal_to_its_reference(tmp_path: Path) -> None:
     assert sq["overall_sigma"] == 0 and sq["snr_db"] == "inf" and sq["x_eager_vs_compile"] == 0
     assert sq["attribution"]["top3_error_share"] is None  # 0 / 0
     fidelity = csv(dist, "fidelity").set_index("build")
-    assert fidelity.loc[load_build("sq_auto").title, "SNR (dB)"] == "∞"
+    assert fidelity.loc[load_build("sq_auto").text("title"), "SNR (dB)"] == "∞"
     share = csv(dist, "attribution").set_index("build").loc["sq_auto", "top3_error_share"]
     assert share == ""
     en, ko = cards(dist)
@@ -239,16 +240,17 @@ def test_p_of_zero_is_a_bound_and_the_corrected_interval_is_shown(dist: Path) ->
     lo, hi = sq["diff_ci_corrected"]
     assert lo < sq["diff_ci"][0] and hi > sq["diff_ci"][1]  # m = 2: wider than the plain interval
     ranking = csv(dist, "ranking").set_index("build")
-    sq_title = load_build("sq_auto").title
+    sq_title = load_build("sq_auto").text("title")
     assert ranking.loc[sq_title, "vs baseline [Bonferroni-corrected 95% CI]"] == \
         f"{sq['diff_to_baseline']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
     assert ranking.loc[sq_title, "p (Bonferroni-corrected)"] == "< 0.008"
     assert ranking.loc[sq_title, "m"] == "2"
     en, ko = cards(dist)
     header = row(en, "build | deployed sigma")
-    assert header[2:4] == ["deployed vs RTN, Bonferroni-corrected 95% CI (m = 2)", "p, Bonferroni-corrected (m = 2)"]
-    assert row(ko, "build | 배포 σ")[2:4] == ["배포 RTN 대비 [Bonferroni 보정 95% CI (m = 2)]",
-                                            "p (Bonferroni 보정, m = 2)"]
+    assert header[2:4] == ["deployed vs baseline, Bonferroni-corrected 95% CI (m = 2)",
+                           "p, Bonferroni-corrected (m = 2)"]
+    assert row(ko, "빌드 | 배포 σ")[2:4] == ["배포 기준 빌드 대비 [Bonferroni 보정 95% CI (m = 2)]",
+                                           "p값 (Bonferroni 보정, m = 2)"]
     for card in (en, ko):
         deployed = row(card, "FP8 + SmoothQuant", cells=8)
         assert deployed[2] == f"{sq['diff_to_baseline']:+.3f} [{lo:+.3f}, {hi:+.3f}]" and deployed[3] == "< 0.008"
@@ -289,9 +291,9 @@ def test_rollout_speed_beside_the_results_reaches_tables_and_cards(dist: Path) -
         "build": {"device": "NVIDIA H200", "rollouts": 16, "seconds": 0.9489, "peak_gib": 15.91}}
     assert rows[("rtn", "deployed")]["speed"] is None  # measured on a CPU: no figures
     en, ko = cards(dist)
-    assert ("Speed and memory (deployed FP8 build (diffusers), held-out labs, NVIDIA H200): 0.95 s vs 0.76 s per "
+    assert ("Speed and memory (deployed FP8 build (diffusers), held-out labs, `NVIDIA H200`): 0.95 s vs 0.76 s per "
             "rollout for BF16 (median of 16 rollouts each), peak GPU memory 15.9 vs 28.9 GiB.") in en
-    assert ("롤아웃 한 번에 0.95초, BF16은 0.76초(각각 롤아웃 16회의 중앙값), 최대 GPU 메모리 15.9 GiB, "
+    assert ("롤아웃 한 번에 0.95초, BF16은 0.76초(각각 롤아웃 16번의 중앙값), 최대 GPU 메모리 15.9 GiB, "
             "BF16은 28.9 GiB") in ko
     assert "Speed and memory" not in cards(dist, "rtn")[0]
 

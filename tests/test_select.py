@@ -285,12 +285,13 @@ def test_the_card_tells_the_selection_in_english_and_korean(card_dist: Path, mon
     assert "| 6 / 1024 | fail (gripper changes) | - |" in en["sq_auto"]
     assert en["rtn_mavg"].endswith(before.split("\n\n", 1)[1])  # the build date and gate follow, as before
     ko = {b: _section(card_dist, b, "ko") for b in REPOS}
-    assert "2026년 11월 30일에 같은 scheme의 후보 build 7개 중에서 선정했습니다." in ko["rtn"]
-    assert "이 build는 선정되었습니다: 3개 중 1위." in ko["rtn_mavg"]
-    assert "이 build는 기준으로서 점수와 관계없이 선정됩니다: 3개 중 2위." in ko["rtn"]
-    assert "이 build는 선정되지 않았습니다: 3개 중 3위." in ko["sq_auto"]
-    assert "| 8 / 1024 | 초과 (gripper 판정 변화) | 예 (기준) |" in ko["rtn"]
-    assert "동률일 때의 기준: gripper 일치율이 높은 쪽, 그다음 관절 MAE가 낮은 쪽, 그다음 후보 목록에서 앞선 쪽." \
+    assert "2026년 11월 30일에 같은 방식의 후보 빌드 7개 중에서 선정했습니다." in ko["rtn"]
+    assert "이 빌드는 선정되었습니다: 3개 중 1위." in ko["rtn_mavg"]
+    assert "이 빌드는 기준이므로 점수와 관계없이 선정됩니다: 3개 중 2위." in ko["rtn"]
+    assert "이 빌드는 선정되지 않았습니다: 3개 중 3위." in ko["sq_auto"]
+    assert "| 8 / 1024 | 초과 (그리퍼 판정 변화) | 예 (기준) |" in ko["rtn"]
+    assert "| - | FP8 + SmoothQuant 자동 α + GPTQ | - | - | - | 이 경로와 분할에서 평가 안 함 | - |" in ko["rtn"]
+    assert "동률일 때의 기준: 그리퍼 일치율이 높은 쪽, 그다음 관절 MAE가 낮은 쪽, 그다음 후보 목록에서 앞선 쪽." \
         in ko["rtn"]
 
 
@@ -299,10 +300,10 @@ def test_the_card_of_a_build_outside_the_rule_and_an_empty_choice(builds: Path, 
     assert invoke("select", "--dist", card_dist).exit_code == 0
     assert invoke("card", "--dist", card_dist, "--lang", "en,ko").exit_code == 0
     assert "This build is not one of the candidates." in _section(card_dist, "rtn_mavg", "en")
-    assert "이 build는 후보가 아니었습니다." in _section(card_dist, "rtn_mavg", "ko")
+    assert "이 빌드는 후보가 아니었습니다." in _section(card_dist, "rtn_mavg", "ko")
     assert "Chosen by rank, up to 1 that pass their gate: none." in _section(card_dist, "sq_auto", "en")
     assert "from 2 candidate builds" in _section(card_dist, "sq_auto", "en")
-    assert "gate를 통과한 build 중 순위대로 최대 1개 선정: 없음." in _section(card_dist, "sq_auto", "ko")
+    assert "게이트를 통과한 빌드 중 순위대로 최대 1개 선정: 없음." in _section(card_dist, "sq_auto", "ko")
 
 
 def test_the_card_refuses_a_stale_or_damaged_selection(card_dist: Path) -> None:
