@@ -5,7 +5,9 @@ of its verification report, and the secret scan runs over the same bytes. The pl
 remote without uploading: the sha256 of LFS files with the remote's ``lfs.sha256``, the git blob sha1 of small files
 with the remote ``blob_id``. ``--dry-run`` prints it (the pull-request preview); a push makes one commit per repo on
 the head seen at plan time (``parent_commit``), checks the remote against the hashes the plan approved, and then
-tags the release. ``--target DIR`` publishes to a folder instead, under a lock.
+tags the release ``v<version>`` (the release's version in ``builds/release.yaml``). Each commit's description is the
+release's notes, the section of ``builds/RELEASES.md`` for that version. ``--target DIR`` publishes to a folder
+instead, under a lock.
 """
 
 from __future__ import annotations
@@ -25,7 +27,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 from release import GateError, ReleaseError, __version__
-from release.config import BuildConfig, ReleaseConfig, builds_dir, hub_name, load_build, load_release
+from release.config import (
+    RELEASE_NOTES,
+    BuildConfig,
+    ReleaseConfig,
+    builds_dir,
+    hub_name,
+    load_build,
+    load_release,
+    release_notes,
+)
 from release.io import atomic_dir, exclusive_lock, write_json
 from release.verify import REPORT_JSON, Report, after_verification, build_files, gate, load_report
 
@@ -66,6 +77,11 @@ class PushRequest:
     target: Path | None
     retag: bool = False
     reports: dict[str, tuple[Report, str] | None] = field(default_factory=dict)  # by build name
+    notes: str | None = None  # the commit description: the release notes (none for a folder target)
+
+    @property
+    def tag(self) -> str:
+        return f"v{self.release.version}"
 
     @classmethod
     def create(cls, names: tuple[str, ...], org: str | None, dist: Path, dry_run: bool, endpoint: str | None = None,
@@ -101,8 +117,9 @@ class PushRequest:
                 if not (folder / name).is_file():
                     raise ReleaseError(f"{folder / name}: missing; a repo is published with its card and license: "
                                        f"run 'release card {b.name}' first")
+        notes = release_notes(release.version) if target is None else None
         return cls(release, builds, org or release.org, dist, dry_run, endpoint, create_pr, fmt,  # type: ignore[arg-type]
-                   force, target, retag, reports)
+                   force, target, retag, reports, notes)
 
 
 class _Scanner:
@@ -327,7 +344,7 @@ class RepoPlan:
     files: list[FilePlan] = field(default_factory=list)
     readme_diff: str = ""
     commit_message: str = ""
-    tag: str = f"v{__version__}"
+    tag: str = ""
     tag_action: TagAction = "none"
     tag_target: str | None = None  # the commit the tag points at now
 
@@ -410,12 +427,12 @@ class FolderRemote:
         return (self.folder(repo_id) / path).read_text(encoding="utf-8", errors="replace")
 
 
-def plan_repo(remote: HubRemote | FolderRemote, build: BuildConfig, folder: Path, repo_id: str,
-              local: dict[str, dict[str, Any]], force: str | None, retag: bool = False,
-              create_pr: bool = False) -> RepoPlan:
-    """What a push of ``local`` (from ``checked_files``) would change in ``repo_id``; reads, never writes."""
+def plan_repo(remote: HubRemote | FolderRemote, request: PushRequest, build: BuildConfig, folder: Path,
+              local: dict[str, dict[str, Any]]) -> RepoPlan:
+    """What a push of ``local`` (from ``checked_files``) would change in the build's repo; reads, never writes."""
+    repo_id = f"{request.org}/{build.repo}"
     head, remote_files, tags = remote.state(repo_id)
-    plan = RepoPlan(repo_id, build.name, head is not None, head)
+    plan = RepoPlan(repo_id, build.name, head is not None, head, tag=request.tag)
     for rel, h in local.items():
         remote_entry = remote_files.get(rel)
         # compare the way the remote stores the file (its LFS rules are its own); a new file by ours
@@ -439,17 +456,17 @@ def plan_repo(remote: HubRemote | FolderRemote, build: BuildConfig, folder: Path
     except (ValueError, KeyError, TypeError) as exc:
         raise ReleaseError(f"{prov}: no source revision ({type(exc).__name__}); rerun 'release build "
                            f"{build.name}'") from exc
-    plan.commit_message = f"release {__version__}: {build.name} ({'+'.join(build.recipe)}, {build.calibrator.method})" \
-        f" from {str(revision)[:12]}"
-    if force:
-        plan.commit_message += f" [forced past verification: {force}]"
-    if isinstance(remote, HubRemote) and not create_pr:
+    plan.commit_message = f"Release {request.release.version}: {build.name} ({'+'.join(build.recipe)}, " \
+        f"{build.calibrator.method}) from {str(revision)[:12]}"
+    if request.force:
+        plan.commit_message += f" [forced past verification: {request.force}]"
+    if isinstance(remote, HubRemote) and not request.create_pr:
         plan.tag_target = tags.get(plan.tag)
         if plan.tag_target is None:
             plan.tag_action = "create"
         elif not plan.changes and plan.tag_target == head:
             plan.tag_action = "unchanged"
-        elif retag:
+        elif request.retag:
             plan.tag_action = "move"
         else:
             now = "the new commit" if plan.changes else f"the head {head[:12] if head else ''}"
@@ -476,10 +493,14 @@ def _tag_line(p: RepoPlan) -> str:
 
 def render_plan(plans: list[RepoPlan], request: PushRequest) -> str:
     if request.fmt == "json":
-        return json.dumps({"org": request.org, "dry_run": request.dry_run, "version": __version__,
-                           "repos": [asdict(p) for p in plans]}, indent=2)
+        return json.dumps({"org": request.org, "dry_run": request.dry_run, "version": request.release.version,
+                           "tool": __version__, "description": request.notes, "repos": [asdict(p) for p in plans]},
+                          indent=2)
     where = f"`{request.target}`" if request.target else f"`{request.endpoint or 'https://huggingface.co'}`"
-    lines = [f"# Release plan: `release` {__version__} to {where}", ""]
+    lines = [f"# Release plan: release {request.release.version} to {where} (`release` {__version__})", ""]
+    if request.notes is not None:
+        lines += [f"<details><summary>Commit description: the release notes of {request.release.version} "
+                  f"({builds_dir() / RELEASE_NOTES})</summary>", "", request.notes, "", "</details>", ""]
     for p in plans:
         counts = {a: sum(1 for f in p.files if f.action == a) for a in ("add", "modify", "delete", "unchanged")}
         status = "exists" if p.exists else "will be created"
@@ -572,7 +593,8 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
         api.create_repo(plan.repo_id, exist_ok=True)
     try:
         info = api.create_commit(plan.repo_id, operations=ops, commit_message=plan.commit_message,
-                                 parent_commit=plan.head, create_pr=request.create_pr)
+                                 commit_description=request.notes, parent_commit=plan.head,
+                                 create_pr=request.create_pr)
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
         if status == 412:
@@ -632,8 +654,7 @@ def run_push(request: PushRequest) -> str:
             folder = request.dist / build.repo
             local = checked_files(folder, build.name, request.reports.get(build.name), cache)
             hashes.append(local)
-            plans.append(plan_repo(remote, build, folder, f"{request.org}/{build.repo}", local, request.force,
-                                   request.retag, request.create_pr))
+            plans.append(plan_repo(remote, request, build, folder, local))
         cache.save()
         text = render_plan(plans, request)
         if request.dry_run:

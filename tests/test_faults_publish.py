@@ -353,26 +353,26 @@ def test_a_token_across_a_chunk_boundary_of_a_large_file_is_found(dist: Path, tm
 def test_a_release_tag_is_never_claimed_and_moves_only_with_retag(hub: FakeHub, dist: Path) -> None:
     repo = f"np-cr/{RTN}"
     plan = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--dry-run")
-    assert "Tag `v0.1.0`: create on the new commit." in plan.output
+    assert "Tag `v1.0.0`: create on the new commit." in plan.output
     first = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
-    assert first.exit_code == 0 and "tagged v0.1.0" in first.output
+    assert first.exit_code == 0 and "tagged v1.0.0" in first.output
     head = hub.head(repo)
-    assert hub.tags(repo) == {"v0.1.0": head}
+    assert hub.tags(repo) == {"v1.0.0": head}
     again = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
-    assert again.exit_code == 0 and f"no changes, nothing uploaded; tag v0.1.0 already on {head[:12]}" in again.output
+    assert again.exit_code == 0 and f"no changes, nothing uploaded; tag v1.0.0 already on {head[:12]}" in again.output
     add_card(dist / RTN, "---\nlicense: other\n---\n# second card\n")
     for args in (("--dry-run",), ()):
         refused = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, *args)
-        _one_line_error(refused, 2, f"{repo}: tag v0.1.0 already points at {head[:12]}, not at the new commit",
+        _one_line_error(refused, 2, f"{repo}: tag v1.0.0 already points at {head[:12]}, not at the new commit",
                         "pass --retag")
     assert hub.head(repo) == head and len(hub.commits(repo)) == 2  # refused before committing
     plan = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--dry-run", "--retag")
-    assert f"Tag `v0.1.0`: move from `{head[:12]}` to the new commit (--retag)." in plan.output
+    assert f"Tag `v1.0.0`: move from `{head[:12]}` to the new commit (--retag)." in plan.output
     moved = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--retag")
     assert moved.exit_code == 0, moved.output
     new = hub.head(repo)
-    assert new != head and hub.tags(repo) == {"v0.1.0": new}
-    assert f"moved tag v0.1.0 from {head[:12]} to {new[:12]}" in moved.output and "tagged" not in moved.output
+    assert new != head and hub.tags(repo) == {"v1.0.0": new}
+    assert f"moved tag v1.0.0 from {head[:12]} to {new[:12]}" in moved.output and "tagged" not in moved.output
 
 
 # ---------------------------------------------------------------- 6. one push at a time per target
