@@ -292,10 +292,17 @@ def card(names: tuple[str, ...], dist: Path, lang: str, check: bool) -> None:
               "(without it, such a push is refused before anything is committed).")
 @click.option("--target", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Publish to this local folder (ORG/REPO inside it) instead of the Hub.")
+@click.option("--private", is_flag=True, help="Create new repos private (an existing public repo is refused, never "
+              "flipped).")
+@click.option("--commit-message", default=None, metavar="LINE", help="The summary line of each commit (default: "
+              "'Release <version>: <build> ...'); the description is the release notes.")
+@click.option("--revision", default="main", show_default=True, metavar="BRANCH",
+              help="Push to this branch, created from main's head if missing (tags are made on main only).")
 def push(names: tuple[str, ...], org: str | None, dist: Path, endpoint: str | None, dry_run: bool,
-         create_pr: bool, fmt: str, force: str | None, retag: bool, target: Path | None) -> None:
+         create_pr: bool, fmt: str, force: str | None, retag: bool, target: Path | None, private: bool,
+         commit_message: str | None, revision: str) -> None:
     """Plan and publish the sibling repos (token from HF_TOKEN or the huggingface_hub login; never printed)."""
     from release.push import PushRequest, run_push
 
     click.echo(run_push(PushRequest.create(names, org, dist, dry_run, endpoint, create_pr, fmt, force, target,
-                                           retag)))
+                                           retag, private, commit_message, revision)))

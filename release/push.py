@@ -59,6 +59,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TEXT_LIMIT = 64 << 20  # a compressed PNG text chunk that inflates beyond this is refused, not scanned
 CACHE_ENV = "RELEASE_CACHE"
 LOCK_NAME = ".release-push.lock"
+MAIN = "main"
+# a branch name git and the Hub accept: no '..', '//', '@{', leading '-' or '/', trailing '/' or '.lock'
+BRANCH = re.compile(r"(?!-|/|refs/)(?!.*(\.\.|//|@\{|/$|\.lock$|/\.))[A-Za-z0-9._/-]{1,200}")
 Action = Literal["add", "modify", "delete", "unchanged"]
 TagAction = Literal["create", "move", "unchanged", "none"]
 
@@ -78,6 +81,9 @@ class PushRequest:
     retag: bool = False
     reports: dict[str, tuple[Report, str] | None] = field(default_factory=dict)  # by build name
     notes: str | None = None  # the commit description: the release notes (none for a folder target)
+    private: bool = False  # new repos are created private
+    commit_message: str | None = None  # the summary line of every commit, instead of the default
+    revision: str = MAIN  # the branch pushed to (created from main's head when missing)
 
     @property
     def tag(self) -> str:
@@ -86,7 +92,19 @@ class PushRequest:
     @classmethod
     def create(cls, names: tuple[str, ...], org: str | None, dist: Path, dry_run: bool, endpoint: str | None = None,
                create_pr: bool = False, fmt: str = "markdown", force: str | None = None,
-               target: Path | None = None, retag: bool = False) -> PushRequest:
+               target: Path | None = None, retag: bool = False, private: bool = False,
+               commit_message: str | None = None, revision: str = MAIN) -> PushRequest:
+        if commit_message is not None and (not commit_message.strip() or "\n" in commit_message
+                                           or "\r" in commit_message):
+            raise ReleaseError(f"--commit-message {commit_message!r}: give one non-empty line, the commit summary "
+                               f"(the description is the release notes of {RELEASE_NOTES})")
+        if not BRANCH.fullmatch(revision) or re.fullmatch(r"[0-9a-f]{40}", revision):
+            raise ReleaseError(f"--revision {revision!r}: not a branch name (letters, digits, '.', '_', '-', '/'; "
+                               "no '..', no leading '-' or '/', not refs/..., not a commit id)")
+        if target is not None and (private or revision != MAIN):
+            option = "--private" if private else "--revision"
+            raise ReleaseError(f"{option}: the Hub's; a --target folder has no visibility or branches: drop it, or "
+                               "push to the Hub")
         if org is not None:
             try:
                 hub_name(org, "org")
@@ -119,7 +137,7 @@ class PushRequest:
                                        f"run 'release card {b.name}' first")
         notes = release_notes(release.version) if target is None else None
         return cls(release, builds, org or release.org, dist, dry_run, endpoint, create_pr, fmt,  # type: ignore[arg-type]
-                   force, target, retag, reports, notes)
+                   force, target, retag, reports, notes, private, commit_message, revision)
 
 
 class _Scanner:
@@ -340,20 +358,29 @@ class RepoPlan:
     repo_id: str
     build: str
     exists: bool
-    head: str | None
+    head: str | None  # the commit planned against: the branch's head, or main's when the branch is created
     files: list[FilePlan] = field(default_factory=list)
     readme_diff: str = ""
     commit_message: str = ""
     tag: str = ""
     tag_action: TagAction = "none"
     tag_target: str | None = None  # the commit the tag points at now
+    revision: str = MAIN
+    branch_exists: bool = True  # False: the push creates the branch at ``head``
+    private: bool | None = None  # the repo's visibility: None when it does not exist yet (or for a folder)
 
     @property
     def changes(self) -> list[FilePlan]:
         return [f for f in self.files if f.action != "unchanged"]
 
 
-RemoteState = tuple[str | None, dict[str, tuple[int, str, bool]], dict[str, str]]
+@dataclass(frozen=True)
+class RemoteState:
+    head: str | None  # None: no such repo
+    files: dict[str, tuple[int, str, bool]]  # path: (size, sha256 if LFS else git blob sha1, is LFS)
+    tags: dict[str, str]  # tag: commit
+    branch_exists: bool = True
+    private: bool | None = None
 
 
 class HubRemote:
@@ -366,17 +393,19 @@ class HubRemote:
         disable_progress_bars()  # the plan and the result lines are the output
         self.api = HfApi(endpoint=endpoint, token=os.environ.get("HF_TOKEN") or None)
 
-    def state(self, repo_id: str) -> RemoteState:
-        """(head commit or None if the repo does not exist, {path: (size, sha256 if LFS else blob sha1, is LFS)},
-        {tag: commit})."""
+    def state(self, repo_id: str, revision: str = MAIN) -> RemoteState:
+        """The repo at the head of ``revision``; a branch that does not exist yet is read at main's head (where the
+        push creates it)."""
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
         try:
-            head = self.api.repo_info(repo_id).sha
+            info = self.api.repo_info(repo_id)
+            refs = self.api.list_repo_refs(repo_id)
+            branches = {b.name: b.target_commit for b in refs.branches}
+            head = branches.get(revision, info.sha)
             tree = list(self.api.list_repo_tree(repo_id, recursive=True, revision=head))
-            tags = {t.name: t.target_commit for t in self.api.list_repo_refs(repo_id).tags}
         except (RepositoryNotFoundError, RevisionNotFoundError):
-            return None, {}, {}
+            return RemoteState(None, {}, {}, revision == MAIN)
         except Exception as exc:  # offline mode, DNS, refused connection: say where and stop
             raise ReleaseError(f"cannot read {repo_id} from {self.api.endpoint}: {type(exc).__name__}: "
                                f"{str(exc).splitlines()[0] if str(exc) else ''}; check --endpoint and the "
@@ -387,7 +416,8 @@ class HubRemote:
         for entry in tree:
             if isinstance(entry, RepoFile):
                 files[entry.path] = (entry.size, entry.lfs.sha256 if entry.lfs else entry.blob_id, bool(entry.lfs))
-        return head, files, tags
+        return RemoteState(head, files, {t.name: t.target_commit for t in refs.tags}, revision in branches,
+                           info.private)
 
     def read(self, repo_id: str, path: str, revision: str) -> str:
         local = self.api.hf_hub_download(repo_id, path, revision=revision)
@@ -408,10 +438,10 @@ class FolderRemote:
                                "link, or choose another --target")
         return dest
 
-    def state(self, repo_id: str) -> RemoteState:
+    def state(self, repo_id: str, revision: str = MAIN) -> RemoteState:
         folder = self.folder(repo_id)
         if not folder.is_dir():
-            return None, {}, {}
+            return RemoteState(None, {}, {})
         files = sorted(p for p in folder.rglob("*") if p.is_file())
         hashes = self.cache.hash_all(files)
         out = {}
@@ -421,7 +451,7 @@ class FolderRemote:
             lfs = is_lfs(rel, h["size"])
             out[rel] = (h["size"], h["sha256"] if lfs else h["sha1"], lfs)
         head = hashlib.sha1(json.dumps(sorted(out.items())).encode()).hexdigest()
-        return head, out, {}
+        return RemoteState(head, out, {})
 
     def read(self, repo_id: str, path: str, revision: str) -> str:
         return (self.folder(repo_id) / path).read_text(encoding="utf-8", errors="replace")
@@ -431,8 +461,14 @@ def plan_repo(remote: HubRemote | FolderRemote, request: PushRequest, build: Bui
               local: dict[str, dict[str, Any]]) -> RepoPlan:
     """What a push of ``local`` (from ``checked_files``) would change in the build's repo; reads, never writes."""
     repo_id = f"{request.org}/{build.repo}"
-    head, remote_files, tags = remote.state(repo_id)
-    plan = RepoPlan(repo_id, build.name, head is not None, head, tag=request.tag)
+    state = remote.state(repo_id, request.revision)
+    head, remote_files, tags = state.head, state.files, state.tags
+    if request.private and state.private is False:
+        raise ReleaseError(f"{repo_id}: exists and is public; --private makes only new repos private and never "
+                           "changes an existing repo's visibility; nothing was pushed: make it private in its settings "
+                           "on the Hub first, or push without --private")
+    plan = RepoPlan(repo_id, build.name, head is not None, head, tag=request.tag, revision=request.revision,
+                    branch_exists=state.branch_exists, private=state.private)
     for rel, h in local.items():
         remote_entry = remote_files.get(rel)
         # compare the way the remote stores the file (its LFS rules are its own); a new file by ours
@@ -456,11 +492,11 @@ def plan_repo(remote: HubRemote | FolderRemote, request: PushRequest, build: Bui
     except (ValueError, KeyError, TypeError) as exc:
         raise ReleaseError(f"{prov}: no source revision ({type(exc).__name__}); rerun 'release build "
                            f"{build.name}'") from exc
-    plan.commit_message = f"Release {request.release.version}: {build.name} ({'+'.join(build.recipe)}, " \
-        f"{build.calibrator.method}) from {str(revision)[:12]}"
+    plan.commit_message = request.commit_message or f"Release {request.release.version}: {build.name} " \
+        f"({'+'.join(build.recipe)}, {build.calibrator.method}) from {str(revision)[:12]}"
     if request.force:
         plan.commit_message += f" [forced past verification: {request.force}]"
-    if isinstance(remote, HubRemote) and not request.create_pr:
+    if isinstance(remote, HubRemote) and not request.create_pr and request.revision == MAIN:  # a release is on main
         plan.tag_target = tags.get(plan.tag)
         if plan.tag_target is None:
             plan.tag_action = "create"
@@ -491,6 +527,19 @@ def _tag_line(p: RepoPlan) -> str:
             "unchanged": f"Tag `{p.tag}`: unchanged, already on `{(p.head or '')[:12]}`.", "none": ""}[p.tag_action]
 
 
+def _status(p: RepoPlan, request: PushRequest) -> str:
+    """Whether the repo exists (and its visibility), and the branch pushed to when it is not main."""
+    hub = request.target is None
+    if p.exists:
+        status = "exists" + ("" if p.private is None or not hub else ", private" if p.private else ", public")
+    else:
+        status = "will be created" + ((", private" if request.private else ", public") if hub else "")
+    if p.revision != MAIN:
+        start = f"from main at `{p.head[:12]}`" if p.head else "from the repo's first commit"
+        status += f"; branch `{p.revision}`" + ("" if p.branch_exists else f" will be created {start}")
+    return status
+
+
 def render_plan(plans: list[RepoPlan], request: PushRequest) -> str:
     if request.fmt == "json":
         return json.dumps({"org": request.org, "dry_run": request.dry_run, "version": request.release.version,
@@ -503,9 +552,8 @@ def render_plan(plans: list[RepoPlan], request: PushRequest) -> str:
                   f"({builds_dir() / RELEASE_NOTES})</summary>", "", request.notes, "", "</details>", ""]
     for p in plans:
         counts = {a: sum(1 for f in p.files if f.action == a) for a in ("add", "modify", "delete", "unchanged")}
-        status = "exists" if p.exists else "will be created"
         upload = sum(f.size for f in p.files if f.action in ("add", "modify"))
-        lines += [f"## {p.repo_id} ({p.build}): {status}", "",
+        lines += [f"## {p.repo_id} ({p.build}): {_status(p, request)}", "",
                   f"{counts['add']} to add, {counts['modify']} to modify, {counts['delete']} to delete, "
                   f"{counts['unchanged']} unchanged; {_human(upload)} to upload.", ""]
         if not p.changes:
@@ -517,6 +565,8 @@ def render_plan(plans: list[RepoPlan], request: PushRequest) -> str:
             lines.append("")
         if p.tag_action != "none":
             lines += [_tag_line(p), ""]
+        elif p.revision != MAIN:
+            lines += [f"No tag: the release tag `{p.tag}` is made on main only.", ""]
         if p.readme_diff:
             lines += ["<details><summary>README.md diff</summary>", "", "```diff", p.readme_diff, "```", "",
                       "</details>", ""]
@@ -547,7 +597,7 @@ def _operation(folder: Path, f: FilePlan, hashed: dict[str, Any]) -> Any:
 
 def _mismatches(remote: HubRemote, plan: RepoPlan, local: dict[str, dict[str, Any]]) -> list[str]:
     """Files whose remote hash differs from the hash the plan approved, compared the way the remote stores each."""
-    _, after, _ = remote.state(plan.repo_id)
+    after = remote.state(plan.repo_id, plan.revision).files
     wrong = []
     for f in plan.files:
         if f.action == "delete":
@@ -583,17 +633,26 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
     from huggingface_hub import CommitOperationDelete
     from huggingface_hub.errors import HfHubHTTPError
 
-    if not plan.changes:
-        tagged = f"; {_tag(remote, plan, plan.head)}" if plan.head and plan.tag_action != "none" else ""
-        return f"{plan.repo_id}: no changes, nothing uploaded{tagged}"
     api = remote.api
     ops: list[Any] = [_operation(folder, f, local[f.path]) for f in plan.changes if f.action in ("add", "modify")]
     ops += [CommitOperationDelete(path_in_repo=f.path) for f in plan.changes if f.action == "delete"]
-    if not plan.exists:
-        api.create_repo(plan.repo_id, exist_ok=True)
+    try:
+        if not plan.exists:  # not exist_ok: a repo made after the plan may be public, and --private would not apply
+            api.create_repo(plan.repo_id, private=request.private)
+        if not plan.branch_exists:
+            api.create_branch(plan.repo_id, branch=plan.revision, revision=plan.head)
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        made = "the repo" if not plan.exists else f"branch {plan.revision}"
+        raise ReleaseError(f"{plan.repo_id}: creating {made} failed (HTTP {status}; 409: it was created after the "
+                           "plan); nothing was committed; run 'release push' again to re-plan") from exc
+    created = f"created branch {plan.revision}, " if not plan.branch_exists else ""
+    if not plan.changes:
+        tagged = f"; {_tag(remote, plan, plan.head)}" if plan.head and plan.tag_action != "none" else ""
+        return f"{plan.repo_id}: {created}no changes, nothing uploaded{tagged}"
     try:
         info = api.create_commit(plan.repo_id, operations=ops, commit_message=plan.commit_message,
-                                 commit_description=request.notes, parent_commit=plan.head,
+                                 commit_description=request.notes, revision=plan.revision, parent_commit=plan.head,
                                  create_pr=request.create_pr)
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
@@ -608,7 +667,8 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
     if wrong:
         raise ReleaseError(f"{plan.repo_id}: committed {commit[:12]}, but the remote {wrong[0]} does not match the "
                            "hashed local file; not tagged")
-    return f"{plan.repo_id}: committed {commit[:12]} ({len(ops)} files), {_tag(remote, plan, commit)}, " \
+    tagged = _tag(remote, plan, commit) if plan.tag_action != "none" else f"not tagged (branch {plan.revision})"
+    return f"{plan.repo_id}: {created}committed {commit[:12]} to {plan.revision} ({len(ops)} files), {tagged}, " \
         "checksums verified"
 
 

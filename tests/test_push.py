@@ -231,3 +231,46 @@ def test_release_notes_are_required_for_the_hub_and_found_by_version(hub: FakeHu
                                                                                        "version: '1.0'"))
     result = _push(hub, dist, "--dry-run")
     assert result.exit_code == 2 and "field 'version': '1.0' is not a release version" in result.output
+
+
+def test_hub_private_commit_message_and_revision(hub: FakeHub, dist: Path) -> None:
+    repo = f"np-cr/{RTN}"
+    plan = _push(hub, dist, "--private", "--dry-run")
+    assert f"## {repo} (rtn): will be created, private" in plan.output
+    first = _push(hub, dist, "--private", "--commit-message", "First FP8 release")
+    assert first.exit_code == 0, first.output
+    assert hub.repos[repo].private and hub.commits(repo)[-1]["title"] == "First FP8 release"
+    assert hub.commits(repo)[-1]["message"] == release_notes("1.0.0")  # --commit-message sets the summary only
+    main, tags = hub.head(repo), hub.tags(repo)
+    (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# staged card\n")
+    plan = _push(hub, dist, "--revision", "staging", "--dry-run")
+    assert f"exists, private; branch `staging` will be created from main at `{main[:12]}`" in plan.output
+    assert "1 to modify" in plan.output and "No tag: the release tag `v1.0.0` is made on main only." in plan.output
+    staged = _push(hub, dist, "--revision", "staging")
+    assert staged.exit_code == 0, staged.output
+    assert "created branch staging, committed" in staged.output and "not tagged (branch staging)" in staged.output
+    branches = hub.branches(repo)
+    assert branches["main"] == main and branches["staging"] != main and hub.tags(repo) == tags
+    assert hub.files(repo, "staging")["README.md"].endswith(b"# staged card\n")
+    again = _push(hub, dist, "--revision", "staging", "--dry-run")  # planned against the branch, not main
+    assert "; branch `staging`\n" in again.output and "No changes: nothing will be uploaded." in again.output
+    assert _push(hub, dist, "--org", "public-org").exit_code == 0
+    refused = _push(hub, dist, "--org", "public-org", "--private", "--dry-run")
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1
+    assert "public-org/Cosmos3-Nano-Policy-DROID-FP8: exists and is public; --private makes only new repos " \
+           "private and never changes an existing repo's visibility" in refused.output
+    assert not hub.repos[f"public-org/{RTN}"].private
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--commit-message", "two\nlines"), "--commit-message 'two\\nlines': give one non-empty line"),
+    (("--commit-message", " "), "give one non-empty line"),
+    (("--revision", "../main"), "--revision '../main': not a branch name"),
+    (("--revision", "refs/pr/1"), "not a branch name"),
+    (("--revision", "a" * 40), "not a branch name"),
+    (("--revision", "staging", "--target", "hub"), "--revision: the Hub's; a --target folder has no visibility"),
+    (("--private", "--target", "hub"), "--private: the Hub's"),
+])
+def test_push_options_are_checked_first(args: tuple[str, ...], message: str, dist: Path) -> None:
+    result = invoke("push", "rtn", "--dist", dist, "--dry-run", *args)
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and message in result.output, result.output
