@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ from click.testing import Result
 
 from release import ReleaseError
 from release.config import release_notes
-from tests.conftest import HUB_TOKEN, ROOT, invoke
+from tests.conftest import HUB_TOKEN, invoke
 from tests.hub_server import FakeHub
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -178,18 +177,6 @@ def test_hub_pull_request_mode(hub: FakeHub, dist: Path) -> None:
     result = _push(hub, dist, "--create-pr")  # a pull request leaves the tags alone
     assert result.exit_code == 0 and "opened" in result.output
     assert hub.head(repo) == head and len(hub.pull_requests(repo)) == 1
-
-
-def test_preview_workflow_lints_clean() -> None:
-    import shutil as sh
-    import subprocess
-
-    actionlint = sh.which("actionlint") or str(Path(sys.executable).parent / "actionlint")
-    workflow = ROOT / ".github" / "workflows" / "release-preview.yml"
-    result = subprocess.run([actionlint, "-no-color", str(workflow)], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    text = workflow.read_text()
-    assert "release push --dist demo/dist --dry-run" in text and "updateComment" in text
 
 
 def test_three_delivered_repos_pushed_twice_make_one_commit_each(hub: FakeHub, recipe_builds: Path,
