@@ -58,7 +58,7 @@ from release.push import (
     verified_builds,
 )
 from release.select import SELECTION, TABLES, read_tables_doc
-from release.verify import CARD_FILES, REPORT_JSON, build_files, matches, parse_report
+from release.verify import CARD_FILES, REPORT_JSON, Report, build_files, matches, parse_report
 
 LOCK_FORMAT = "release-manifest/1"
 SIBLING_SIDECARS = ("provenance.json", REPORT_JSON)  # per sibling; besides: TABLES, SELECTION, other provenances
@@ -268,7 +268,7 @@ def staged(request: PushRequest) -> Iterator[Path]:
         yield dist
 
 
-def locked_files(request: PushRequest, folder: Path, build: BuildConfig, verified: tuple[Any, str] | None,
+def locked_files(request: PushRequest, folder: Path, build: BuildConfig, verified: tuple[Report, str] | None,
                  cache: HashCache) -> dict[str, dict[str, Any]]:
     """The files of a sibling as a push of the real build would have them: the staged sidecars and the fresh cards
     hashed (and scanned) on disk, every other file by the manifest's hashes; checked against the verification
