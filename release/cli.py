@@ -77,7 +77,8 @@ Environment:
                         read by huggingface_hub (the endpoint, the cache, offline mode)
 """
 # Commands that read build files say which folder they read.
-USES_BUILDS = {"build", "verify", "eval", "import-served", "tables", "select", "card", "push", "observations"}
+USES_BUILDS = {"build", "verify", "eval", "import-served", "tables", "select", "card", "push", "observations",
+               "manifest"}
 
 
 @click.group(cls=_Group, epilog=ENVIRONMENT)
@@ -320,10 +321,39 @@ def card(names: tuple[str, ...], dist: Path, lang: str, check: bool) -> None:
               "(without it, such a push is refused before anything is committed).")
 @click.option("--target", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Publish to this local folder (ORG/REPO inside it) instead of the Hub.")
+@click.option("--private", is_flag=True, help="Create new repos private (an existing public repo is refused, never "
+              "flipped).")
+@click.option("--commit-message", default=None, metavar="LINE", help="The summary line of each commit (default: "
+              "'Release <version>: <build> ...'); the description is the release notes.")
+@click.option("--revision", default="main", show_default=True, metavar="BRANCH",
+              help="Push to this branch, created from main's head if missing (tags are made on main only).")
+@click.option("--from-manifest", "manifest", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              metavar="FILE", help="With --dry-run: plan the release manifest FILE (release.lock.json) without the "
+              "weights, its cards rendered from its sidecars (instead of --dist).")
+@click.option("--preview", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
+              help="With --dry-run: also write DIR/comment.md (the pull-request comment, under GitHub's limit), the "
+              "full plan (plan.md, plan.json) and the cards of each repo (cards/REPO/).")
 def push(names: tuple[str, ...], org: str | None, dist: Path, endpoint: str | None, dry_run: bool,
-         create_pr: bool, fmt: str, force: str | None, retag: bool, target: Path | None) -> None:
+         create_pr: bool, fmt: str, force: str | None, retag: bool, target: Path | None, private: bool,
+         commit_message: str | None, revision: str, manifest: Path | None, preview: Path | None) -> None:
     """Plan and publish the sibling repos (token from HF_TOKEN or the huggingface_hub login; never printed)."""
     from release.push import PushRequest, run_push
 
     click.echo(run_push(PushRequest.create(names, org, dist, dry_run, endpoint, create_pr, fmt, force, target,
-                                           retag)))
+                                           retag, private, commit_message, revision, manifest, preview)))
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=Path("release.lock.json"),
+              show_default=True, help="The manifest to write (commit it: the pull-request preview plans it).")
+def manifest(names: tuple[str, ...], dist: Path, out: Path) -> None:
+    """Write the release manifest: every file of each sibling repo (sha256, size, storage) and the sidecars its
+    cards are made from, for 'release push --dry-run --from-manifest' without the weights."""
+    from release.manifest import ManifestRequest, run_manifest
+
+    lock = run_manifest(ManifestRequest.create(names, dist, out))
+    files = sum(len(s.files) for s in lock.siblings)
+    click.echo(f"manifest: {out} (release {lock.version}: {len(lock.siblings)} repos, {files} files, "
+               f"{len(lock.sidecars)} sidecars)")

@@ -30,6 +30,9 @@ from release import ReleaseError
 
 SOURCE_ENV = "RELEASE_SOURCE"
 BUILDS_ENV = "RELEASE_BUILDS"
+RELEASE_NOTES = "RELEASES.md"  # beside release.yaml: one section of release notes per release version
+# MAJOR.MINOR.PATCH with an optional pre-release: the Hub tag is v<version>, a valid git ref name
+RELEASE_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z]+(\.[0-9A-Za-z]+)*)?")
 
 # The 14 Linears per decoder layer that the Cosmos3-Nano@fp8 layout quantizes (both towers).
 NANO_QUANTIZED = [
@@ -152,6 +155,8 @@ class Selection(_Strict):
 
 
 class ReleaseConfig(_Strict):
+    version: str = Field(description="the version of this release of the checkpoints (not of the tool): tag "
+                         "v<version>, release notes in RELEASES.md")
     base_model: str
     base_revision: str
     license: License
@@ -173,6 +178,13 @@ class ReleaseConfig(_Strict):
     @classmethod
     def _sweep(cls, v: list[str]) -> list[str]:
         return _unique_build_names(v, "sweep")
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if not RELEASE_VERSION.fullmatch(v):
+            raise ValueError(f"{v!r} is not a release version: MAJOR.MINOR.PATCH (e.g. 1.0.0, or 1.1.0-rc.1)")
+        return v
 
     @field_validator("org")
     @classmethod
@@ -501,7 +513,7 @@ def init_builds(folder: Path) -> list[Path]:
     if target.exists():
         raise ReleaseError(f"{target}: exists; edit it, or choose another folder for 'release init'")
     source = data_path("builds")
-    names = sorted(p.name for p in source.glob("*.yaml"))
+    names = sorted(p.name for p in [*source.glob("*.yaml"), source / RELEASE_NOTES] if p.is_file())
     with atomic_dir(target) as tmp:
         for name in names:
             shutil.copy2(source / name, tmp / name)
@@ -530,3 +542,28 @@ def load_build(name: str, directory: Path | None = None) -> BuildConfig:
     if cfg.name != name:
         raise ReleaseError(f"{path}: field 'name': is {cfg.name!r} but the file is {name}.yaml; make them equal")
     return cfg
+
+
+NOTES_HEADING = re.compile(r"##\s+\[?([^\]\s]+)\]?(\s+-\s+.*)?")  # '## [1.0.0] - 2026-01-31' (Keep a Changelog)
+
+
+def release_notes(version: str, directory: Path | None = None) -> str:
+    """The text of the section of ``RELEASES.md`` (beside release.yaml) headed by ``version``: the description of
+    every push commit of that release. A missing file, section or an empty section is a one-line error."""
+    path = (directory or builds_dir()) / RELEASE_NOTES
+    add = f"add a section '## [{version}]' with the release notes to {path}"
+    if not path.is_file():
+        raise ReleaseError(f"{path}: missing (the release notes; release.yaml has version {version}); {add}")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ReleaseError(f"{path}: not UTF-8 text ({exc}); save it as UTF-8") from exc
+    start = next((i for i, line in enumerate(lines)
+                  if (m := NOTES_HEADING.fullmatch(line.strip())) and m[1] == version), None)
+    if start is None:
+        raise ReleaseError(f"{path}: no section for release {version} (the version in release.yaml); {add}")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    text = "\n".join(lines[start + 1 : end]).strip()
+    if not text:
+        raise ReleaseError(f"{path}: the section of release {version} is empty; write its release notes under it")
+    return text

@@ -35,8 +35,8 @@ REPORT_MD = f"{REPORT_DIR}/report.md"
 REPORT_FORMAT = "release-verification/2"
 # Written after verification, by ``release card`` (the card files) and ``release eval`` / ``import-served`` (the
 # results): not in the manifest, pushed as they are (and scanned for secrets). ``*`` does not cross a ``/``.
-AFTER_VERIFICATION = ("README.md", "README.*.md", "LICENSE", "forest.*.png", "results/*.npz",
-                      "results/*.perf.json")
+CARD_FILES = ("README.md", "README.*.md", "LICENSE", "forest.*.png")  # what 'release card' writes
+AFTER_VERIFICATION = (*CARD_FILES, "results/*.npz", "results/*.perf.json")
 TOOL_SIDECARS = ("provenance.json", "smoothing_scales.safetensors", "results/", "builds/")  # results: `release eval`
 DOCUMENTATION = ("README", "LICENSE", ".gitattributes", "forest.png")
 BASE_MODEL_BRANCHES = ("sound_tokenizer/", "audio_")
@@ -559,8 +559,13 @@ def _link_refusal(path: Path, folder: Path) -> str:
     return f"{path}: a link to {target}{where}; the Hub stores files, not links: replace it with the file or remove it"
 
 
+def matches(rel: str, patterns: tuple[str, ...]) -> bool:
+    """Whether the relative path matches one of the patterns (``*`` does not cross a ``/``)."""
+    return any(rel.count("/") == p.count("/") and fnmatch.fnmatchcase(rel, p) for p in patterns)
+
+
 def after_verification(rel: str) -> bool:
-    return any(rel.count("/") == p.count("/") and fnmatch.fnmatchcase(rel, p) for p in AFTER_VERIFICATION)
+    return matches(rel, AFTER_VERIFICATION)
 
 
 def file_manifest(folder: Path) -> dict[str, FileEntry]:
@@ -636,24 +641,29 @@ def load_report(folder: Path, build: str) -> tuple[Report, str] | None:
     path = folder / REPORT_JSON
     if not path.is_file():
         return None
+    return parse_report(path.read_bytes(), str(path), build, folder.name)
+
+
+def parse_report(data: bytes, where: str, build: str, repo: str) -> tuple[Report, str]:
+    """The report in ``data`` (read from ``where``, named in errors) of the build ``build`` in repo ``repo``, and
+    the sha256 of ``data``."""
     rerun = f"rerun 'release verify {build}'"
-    data = path.read_bytes()
     try:
         raw = json.loads(data)
     except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
-        where = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
-        raise ReleaseError(f"{path}: not valid JSON ({where}); {rerun}") from exc
+        why = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+        raise ReleaseError(f"{where}: not valid JSON ({why}); {rerun}") from exc
     if isinstance(raw, dict) and "format" not in raw and "checks" in raw:
-        raise ReleaseError(f"{path}: written by an older 'release verify' (no file manifest); {rerun}")
+        raise ReleaseError(f"{where}: written by an older 'release verify' (no file manifest); {rerun}")
     try:
         report = Report.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         field_name = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        raise ReleaseError(f"{path}: field '{field_name}': {err['msg']}; not a report of 'release verify', "
+        raise ReleaseError(f"{where}: field '{field_name}': {err['msg']}; not a report of 'release verify', "
                            f"{rerun}") from exc
-    if report.repo != folder.name:
-        raise ReleaseError(f"{path}: the report of {report.repo}, not of {folder.name}; {rerun}")
+    if report.repo != repo:
+        raise ReleaseError(f"{where}: the report of {report.repo}, not of {repo}; {rerun}")
     return report, hashlib.sha256(data).hexdigest()
 
 

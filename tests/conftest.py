@@ -125,3 +125,28 @@ def campaign(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
                     "--out", dist)
     assert result.exit_code == 0, result.output
     return dist
+
+
+CARD_DATA = ROOT / "tests" / "data" / "cards"  # the seed card's figures: tables.json and selection.json
+
+
+@pytest.fixture(scope="session")
+def carded(rtn_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A dist as a real release leaves it for 'release manifest': the RTN build, the seed's tables and selection,
+    and the cards rendered from them."""
+    dist = tmp_path_factory.mktemp("carded") / "dist"
+    shutil.copytree(rtn_build, dist / rtn_build.name)
+    shutil.copytree(CARD_DATA / "tables", dist / "tables")
+    shutil.copy(CARD_DATA / "selection.json", dist / "selection.json")
+    result = invoke("card", "rtn", "--dist", dist)
+    assert result.exit_code == 0, result.output
+    return dist
+
+
+@pytest.fixture(scope="session")
+def release_lock(carded: Path) -> Path:
+    """``release manifest`` of ``carded``."""
+    out = carded.parent / "release.lock.json"
+    result = invoke("manifest", "--dist", carded, "--out", out)
+    assert result.exit_code == 0, result.output
+    return out

@@ -58,7 +58,8 @@ Behaviour worth knowing:
 * Tokens are not checked unless ``hub.expected_token`` is set (then other bearer tokens get 401).
 * Commit ids are sha1 of (repo, parent, message, tree, server-wide sequence number): deterministic for a given
   sequence of operations.  Dates are fake (2024-01-01 plus one second per commit).
-* ``hub.requests`` logs ``(method, path)`` of every request, for assertions.
+* ``hub.requests`` logs ``(method, path)`` of every request, for assertions; ``hub.authorizations`` logs each
+  request's ``Authorization`` header (None without one), so a test can show that no token was sent.
 """
 
 from __future__ import annotations
@@ -154,6 +155,7 @@ class FakeHub:
         self.lfs_uploads: list[str] = []  # sha256 of every completed LFS PUT
         self.expected_token: str | None = None
         self.requests: list[tuple[str, str]] = []
+        self.authorizations: list[str | None] = []
         self.gitattributes = gitattributes
         self._seq = 0
         self._lock = threading.RLock()
@@ -517,6 +519,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         self.segments = split.path.split("/")[1:]  # raw (still percent-encoded) segments
         self.fake.requests.append((self.command, split.path))
+        self.fake.authorizations.append(self.headers.get("Authorization"))
         try:
             self._check_auth()
             self._route()

@@ -353,26 +353,26 @@ def test_a_token_across_a_chunk_boundary_of_a_large_file_is_found(dist: Path, tm
 def test_a_release_tag_is_never_claimed_and_moves_only_with_retag(hub: FakeHub, dist: Path) -> None:
     repo = f"np-cr/{RTN}"
     plan = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--dry-run")
-    assert "Tag `v0.1.0`: create on the new commit." in plan.output
+    assert "Tag `v1.0.0`: create on the new commit." in plan.output
     first = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
-    assert first.exit_code == 0 and "tagged v0.1.0" in first.output
+    assert first.exit_code == 0 and "tagged v1.0.0" in first.output
     head = hub.head(repo)
-    assert hub.tags(repo) == {"v0.1.0": head}
+    assert hub.tags(repo) == {"v1.0.0": head}
     again = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
-    assert again.exit_code == 0 and f"no changes, nothing uploaded; tag v0.1.0 already on {head[:12]}" in again.output
+    assert again.exit_code == 0 and f"no changes, nothing uploaded; tag v1.0.0 already on {head[:12]}" in again.output
     add_card(dist / RTN, "---\nlicense: other\n---\n# second card\n")
     for args in (("--dry-run",), ()):
         refused = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, *args)
-        _one_line_error(refused, 2, f"{repo}: tag v0.1.0 already points at {head[:12]}, not at the new commit",
+        _one_line_error(refused, 2, f"{repo}: tag v1.0.0 already points at {head[:12]}, not at the new commit",
                         "pass --retag")
     assert hub.head(repo) == head and len(hub.commits(repo)) == 2  # refused before committing
     plan = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--dry-run", "--retag")
-    assert f"Tag `v0.1.0`: move from `{head[:12]}` to the new commit (--retag)." in plan.output
+    assert f"Tag `v1.0.0`: move from `{head[:12]}` to the new commit (--retag)." in plan.output
     moved = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--retag")
     assert moved.exit_code == 0, moved.output
     new = hub.head(repo)
-    assert new != head and hub.tags(repo) == {"v0.1.0": new}
-    assert f"moved tag v0.1.0 from {head[:12]} to {new[:12]}" in moved.output and "tagged" not in moved.output
+    assert new != head and hub.tags(repo) == {"v1.0.0": new}
+    assert f"moved tag v1.0.0 from {head[:12]} to {new[:12]}" in moved.output and "tagged" not in moved.output
 
 
 # ---------------------------------------------------------------- 6. one push at a time per target
@@ -441,3 +441,117 @@ def test_a_corrupt_report_is_a_one_line_error(content: bytes, message: str, dist
     path.write_bytes(content)
     _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2, f"{path}: {message}",
                     "rerun 'release verify rtn'")
+
+
+# ---------------------------------------------------------------- 11. the release manifest (issue 15)
+
+
+def _resign(sidecar: dict[str, Any]) -> None:
+    import hashlib
+
+    sidecar["sha256"] = hashlib.sha256("\n".join(sidecar["lines"]).encode()).hexdigest()
+
+
+def _shard_entry(lock: dict[str, Any]) -> dict[str, Any]:
+    files = lock["siblings"][0]["files"]
+    entry: dict[str, Any] = files[next(rel for rel in sorted(files) if rel.endswith(".safetensors"))]
+    return entry
+
+
+def _rename_file(lock: dict[str, Any], new: str) -> None:
+    files = lock["siblings"][0]["files"]
+    files[new] = files.pop("model_index.json")
+
+
+def _secret_in_tables(lock: dict[str, Any]) -> None:
+    sidecar = lock["sidecars"]["tables/tables.json"]
+    sidecar["lines"].insert(1, f'  "note": "{HF_TOKEN_LIKE}",')
+    _resign(sidecar)
+
+
+def _edit_provenance(lock: dict[str, Any]) -> None:
+    sidecar = lock["sidecars"][f"{RTN}/provenance.json"]
+    sidecar["lines"].insert(1, '  "edited": true,')
+    _resign(sidecar)
+
+
+def _edit_report_sidecar(lock: dict[str, Any]) -> None:
+    sidecar = lock["sidecars"][f"{RTN}/verification/report.json"]
+    sidecar["lines"] = ["[]"]
+    _resign(sidecar)
+
+
+def _rename_sidecar(lock: dict[str, Any], new: str) -> None:
+    lock["sidecars"][new] = lock["sidecars"].pop(f"{RTN}/provenance.json")
+
+
+@pytest.mark.parametrize("edit, code, parts", [
+    (lambda lock: lock.update(format="release-manifest/0"), 2, ["field 'format'"]),
+    (lambda lock: _shard_entry(lock).update(sha256="0" * 64), 1,
+     [f"release.lock.json: siblings[0] ({RTN}) file 'transformer/", "differs from the bytes 'release verify' hashed",
+      "run 'release verify rtn' and 'release manifest' again"]),
+    (lambda lock: lock["siblings"][0]["files"].pop("transformer/config.json"), 1,
+     ["file 'transformer/config.json': verified, but no longer in the build folder"]),
+    (lambda lock: lock["sidecars"]["tables/tables.json"]["lines"].append("x"), 2,
+     ["field 'sidecars['tables/tables.json']': its lines do not hash to its sha256 (edited by hand?)"]),
+    (_edit_provenance, 2, [f"the sidecar {RTN}/provenance.json is not the file of siblings[0]"]),
+    (_edit_report_sidecar, 2, [f"sidecar {RTN}/verification/report.json is not the file of siblings[0]"]),
+    (lambda lock: _rename_file(lock, "../../etc/passwd"), 2,
+     ["field 'siblings[0].files': '../../etc/passwd' is not a path inside a repo"]),
+    (lambda lock: _rename_file(lock, "/etc/passwd"), 2, ["'/etc/passwd' is not a path inside a repo"]),
+    (lambda lock: _rename_file(lock, "transformer/./x.json"), 2, ["is not a path inside a repo"]),
+    (lambda lock: _rename_file(lock, ".env"), 2, ["'.env' looks like a secret (by its name)"]),
+    (lambda lock: _rename_sidecar(lock, "../victim/provenance.json"), 2,
+     ["field 'sidecars': '../victim/provenance.json' is not a sidecar"]),
+    (lambda lock: _rename_sidecar(lock, f"{RTN}/transformer/config.json"), 2, ["is not a sidecar"]),
+    (lambda lock: lock["siblings"][0].update(repo="../victim"), 2,
+     ["field 'siblings[0].repo': '../victim' is not a valid Hub repo name"]),
+    (lambda lock: lock["siblings"][0].update(build="../rtn"), 2,
+     ["field 'siblings[0].build': '../rtn' is not a build name"]),
+    (lambda lock: lock["siblings"][0].update(build="sq_auto"), 2,
+     ["field 'siblings[0].build' is 'sq_auto', but Cosmos3-Nano-Policy-DROID-FP8 is the repo of build 'rtn'"]),
+    (_secret_in_tables, 2, ["field 'sidecars['tables/tables.json']': contains what looks like a Hugging Face token "
+                            "(hf_…, in JSON at $.note)"]),
+])
+def test_a_bad_manifest_is_refused_by_its_field(edit: Any, code: int, parts: list[str], release_lock: Path,
+                                                tmp_path: Path) -> None:
+    lock = json.loads(release_lock.read_text())
+    edit(lock)
+    path = tmp_path / "release.lock.json"
+    path.write_text(json.dumps(lock, indent=2))
+    target = tmp_path / "hub"
+    result = invoke("push", "--dry-run", "--from-manifest", path, "--target", target)
+    _one_line_error(result, code, *parts)
+    assert HF_TOKEN_LIKE not in result.output and not target.exists()
+    assert not (tmp_path / "victim").exists() and not (ROOT / "victim").exists()
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "missing (the release manifest); run 'release manifest' after a real build and commit it"),
+    (b'{"format": ', "not valid JSON (Expecting value at line 1); run 'release manifest'"),
+    (b"\x80\x81", "not valid JSON (not UTF-8 text)"),
+    (b"[]", "field '(top level)'"),
+])
+def test_a_missing_or_corrupt_manifest_is_one_line(content: bytes | None, message: str, tmp_path: Path) -> None:
+    path = tmp_path / "release.lock.json"
+    if content is not None:
+        path.write_bytes(content)
+    _one_line_error(invoke("push", "--dry-run", "--from-manifest", path), 2, f"{path}: {message}")
+
+
+def test_the_manifest_is_written_from_verified_secret_free_builds_only(carded: Path, tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    shutil.copytree(carded, dist)
+    tables = dist / "tables" / "tables.json"
+    tables.write_text(tables.read_text().replace('{\n', '{\n  "note": "' + HF_TOKEN_LIKE + '",\n', 1))
+    out = tmp_path / "release.lock.json"
+    result = invoke("manifest", "--dist", dist, "--out", out)
+    _one_line_error(result, 2, f"{tables}: contains what looks like a Hugging Face token (hf_…, in JSON at $.note)")
+    assert HF_TOKEN_LIKE not in result.output and not out.exists()
+    shutil.copy(carded / "tables" / "tables.json", tables)
+    _flip_last_byte(_shard(dist / RTN))
+    _one_line_error(invoke("manifest", "--dist", dist, "--out", out), 1, "differs from the bytes 'release verify'")
+    shutil.rmtree(dist / RTN / "verification")
+    _one_line_error(invoke("manifest", "--dist", dist, "--out", out), 1,
+                    "manifest refused: Cosmos3-Nano-Policy-DROID-FP8 has no verification report")
+    assert not out.exists()

@@ -105,7 +105,7 @@ def test_init_writes_a_starter_and_keeps_an_existing_one(tmp_path: Path) -> None
     result = invoke("init", tmp_path / "project")
     assert result.exit_code == 0, result.output
     written = sorted(p.name for p in (tmp_path / "project" / "builds").iterdir())
-    assert written == sorted(p.name for p in (ROOT / "builds").glob("*.yaml"))
+    assert written == sorted([*(p.name for p in (ROOT / "builds").glob("*.yaml")), "RELEASES.md"])
     again = invoke("init", tmp_path / "project")
     assert again.exit_code == 2 and "exists; edit it" in again.output
     (tmp_path / "file").write_text("x")

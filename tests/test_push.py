@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 from click.testing import Result
 
 from release import ReleaseError
-from tests.conftest import HUB_TOKEN, ROOT, invoke
+from release.config import release_notes
+from tests.conftest import HUB_TOKEN, invoke
 from tests.hub_server import FakeHub
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -108,12 +108,15 @@ def test_hub_first_push_then_noop(hub: FakeHub, dist: Path) -> None:
     assert not hub.repos  # the dry run created nothing
     first = _push(hub, dist)
     assert first.exit_code == 0, first.output
-    assert "tagged v0.1.0, checksums verified" in first.output
+    assert "tagged v1.0.0, checksums verified" in first.output  # the release's version, from builds/release.yaml
     repo = f"np-cr/{RTN}"
     local = {p.relative_to(dist / RTN).as_posix(): p.read_bytes() for p in (dist / RTN).rglob("*") if p.is_file()}
     remote = {k: v for k, v in hub.files(repo).items() if k != ".gitattributes"}
     assert remote == local
-    assert len(hub.commits(repo)) == 2 and "v0.1.0" in hub.tags(repo)  # the initial commit, then ours
+    assert len(hub.commits(repo)) == 2 and "v1.0.0" in hub.tags(repo)  # the initial commit, then ours
+    commit = hub.commits(repo)[-1]
+    assert commit["title"].startswith("Release 1.0.0: rtn (rtn, max) from ")
+    assert commit["message"] == release_notes("1.0.0") and commit["message"].startswith("### Added\n- Cosmos3")
     again = _push(hub, dist)
     assert again.exit_code == 0 and "no changes, nothing uploaded" in again.output
     assert len(hub.commits(repo)) == 2  # a second push of the same release makes no commit
@@ -136,7 +139,7 @@ def test_hub_changed_card_and_deleted_file(hub: FakeHub, dist: Path) -> None:
     assert "README.ko.md" not in hub.files(repo) and hub.files(repo)["README.md"].endswith(b"# new card\n")
     assert set(last["files"]) ^ set(hub.commits(repo)[-2]["files"]) >= {"README.ko.md"}
     assert last["files"]["README.md"] != hub.commits(repo)[-2]["files"]["README.md"]
-    assert hub.tags(repo)["v0.1.0"] == last["id"]
+    assert hub.tags(repo)["v1.0.0"] == last["id"]
 
 
 def test_hub_stale_parent_is_refused(hub: FakeHub, dist: Path) -> None:
@@ -148,7 +151,7 @@ def test_hub_stale_parent_is_refused(hub: FakeHub, dist: Path) -> None:
     request = PushRequest.create(("rtn",), None, dist, False, hub.url, retag=True)
     remote = HubRemote(hub.url)
     local = checked_files(dist / RTN, "rtn", request.reports["rtn"], HashCache(dist / "h.json"))
-    plan = plan_repo(remote, load_build("rtn"), dist / RTN, f"np-cr/{RTN}", local, None, retag=True)
+    plan = plan_repo(remote, request, load_build("rtn"), dist / RTN, local)
     hub.move_branch(f"np-cr/{RTN}")  # someone else commits between plan and push
     with pytest.raises(ReleaseError, match=r"the branch moved after the plan .* nothing was overwritten"):
         _push_hub(remote, plan, dist / RTN, request, local)
@@ -176,18 +179,6 @@ def test_hub_pull_request_mode(hub: FakeHub, dist: Path) -> None:
     assert hub.head(repo) == head and len(hub.pull_requests(repo)) == 1
 
 
-def test_preview_workflow_lints_clean() -> None:
-    import shutil as sh
-    import subprocess
-
-    actionlint = sh.which("actionlint") or str(Path(sys.executable).parent / "actionlint")
-    workflow = ROOT / ".github" / "workflows" / "release-preview.yml"
-    result = subprocess.run([actionlint, "-no-color", str(workflow)], capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    text = workflow.read_text()
-    assert "release push --dist demo/dist --dry-run" in text and "updateComment" in text
-
-
 def test_three_delivered_repos_pushed_twice_make_one_commit_each(hub: FakeHub, recipe_builds: Path,
                                                                  tmp_path: Path) -> None:
     dist = tmp_path / "dist"
@@ -204,3 +195,69 @@ def test_three_delivered_repos_pushed_twice_make_one_commit_each(hub: FakeHub, r
     for repo in hub.repos:
         assert len(hub.commits(repo)) == 2  # the repo's initial commit and exactly one release commit
     assert result.output.count("no changes, nothing uploaded") == 3
+
+
+def test_release_notes_are_required_for_the_hub_and_found_by_version(hub: FakeHub, dist: Path, builds: Path) -> None:
+    notes = builds / "RELEASES.md"
+    text = notes.read_text()
+    notes.write_text(text.replace("## [1.0.0]", "## [0.9.0] - 2025-12-01"))
+    for args in (("--dry-run",), ()):
+        result = _push(hub, dist, *args)
+        assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+        assert f"error: {notes}: no section for release 1.0.0 (the version in release.yaml); add a section " \
+               "'## [1.0.0]'" in result.output
+    assert not hub.repos
+    notes.write_text(text.replace("## [1.0.0]", "## [1.0.0] - 2026-01-31\n\n## [0.9.0]"))
+    result = _push(hub, dist, "--dry-run")
+    assert result.exit_code == 2 and "the section of release 1.0.0 is empty" in result.output
+    notes.unlink()
+    assert "RELEASES.md: missing (the release notes" in _push(hub, dist, "--dry-run").output
+    folder = invoke("push", "rtn", "--dist", dist, "--target", dist.parent / "hub", "--dry-run")
+    assert folder.exit_code == 0, folder.output  # a folder target makes no commit: it needs no notes
+    (builds / "release.yaml").write_text((builds / "release.yaml").read_text().replace("version: 1.0.0",
+                                                                                       "version: '1.0'"))
+    result = _push(hub, dist, "--dry-run")
+    assert result.exit_code == 2 and "field 'version': '1.0' is not a release version" in result.output
+
+
+def test_hub_private_commit_message_and_revision(hub: FakeHub, dist: Path) -> None:
+    repo = f"np-cr/{RTN}"
+    plan = _push(hub, dist, "--private", "--dry-run")
+    assert f"## {repo} (rtn): will be created, private" in plan.output
+    first = _push(hub, dist, "--private", "--commit-message", "First FP8 release")
+    assert first.exit_code == 0, first.output
+    assert hub.repos[repo].private and hub.commits(repo)[-1]["title"] == "First FP8 release"
+    assert hub.commits(repo)[-1]["message"] == release_notes("1.0.0")  # --commit-message sets the summary only
+    main, tags = hub.head(repo), hub.tags(repo)
+    (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# staged card\n")
+    plan = _push(hub, dist, "--revision", "staging", "--dry-run")
+    assert f"exists, private; branch `staging` will be created from main at `{main[:12]}`" in plan.output
+    assert "1 to modify" in plan.output and "No tag: the release tag `v1.0.0` is made on main only." in plan.output
+    staged = _push(hub, dist, "--revision", "staging")
+    assert staged.exit_code == 0, staged.output
+    assert "created branch staging, committed" in staged.output and "not tagged (branch staging)" in staged.output
+    branches = hub.branches(repo)
+    assert branches["main"] == main and branches["staging"] != main and hub.tags(repo) == tags
+    assert hub.files(repo, "staging")["README.md"].endswith(b"# staged card\n")
+    again = _push(hub, dist, "--revision", "staging", "--dry-run")  # planned against the branch, not main
+    assert "; branch `staging`\n" in again.output and "No changes: nothing will be uploaded." in again.output
+    assert _push(hub, dist, "--org", "public-org").exit_code == 0
+    refused = _push(hub, dist, "--org", "public-org", "--private", "--dry-run")
+    assert refused.exit_code == 2 and refused.output.count("\n") == 1
+    assert "public-org/Cosmos3-Nano-Policy-DROID-FP8: exists and is public; --private makes only new repos " \
+           "private and never changes an existing repo's visibility" in refused.output
+    assert not hub.repos[f"public-org/{RTN}"].private
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--commit-message", "two\nlines"), "--commit-message 'two\\nlines': give one non-empty line"),
+    (("--commit-message", " "), "give one non-empty line"),
+    (("--revision", "../main"), "--revision '../main': not a branch name"),
+    (("--revision", "refs/pr/1"), "not a branch name"),
+    (("--revision", "a" * 40), "not a branch name"),
+    (("--revision", "staging", "--target", "hub"), "--revision: the Hub's; a --target folder has no visibility"),
+    (("--private", "--target", "hub"), "--private: the Hub's"),
+])
+def test_push_options_are_checked_first(args: tuple[str, ...], message: str, dist: Path) -> None:
+    result = invoke("push", "rtn", "--dist", dist, "--dry-run", *args)
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and message in result.output, result.output
