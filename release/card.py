@@ -654,7 +654,9 @@ PATH_HOW = {
     "fakequant": _("the FP8 codes dequantized as the weights, each input quantize-dequantized at its scale (ModelOpt "
                    "fake quantization), BF16 elsewhere"),
     "deployed": _("the exported build through diffusers: ModelOpt's FP8 GEMM on a GPU (`torch._scaled_mm` with fast "
-                  "accumulation), its exact emulation on a CPU; per-channel builds a row-wise FP8 GEMM"),
+                  "accumulation), its emulation on a CPU (bit-exact on an H200 at the shapes measured, except GEMMs "
+                  "with K from {lo} to {hi}, where cuBLAS sums in another order); per-channel builds a row-wise FP8 "
+                  "GEMM"),
     "served": _("a policy server's results, imported with `release import-served`"),
 }
 PATH_REFERENCE = {"fakequant": _("the BF16 output of the same replay"),
@@ -733,13 +735,16 @@ def setup_rows(records: list[dict[str, Any]], release: ReleaseConfig, build: Bui
 def paths_rows(records: list[dict[str, Any]], t: Any) -> list[dict[str, str]]:
     measured = [r for r in records if r["path"] in MEASURED]
     total = len({r["build"] for r in measured})
+    from release.fp8 import UNMODELLED_K
+
+    lo, hi = UNMODELLED_K
     rows = []
     for path in MEASURED:
         n = len({r["build"] for r in measured if r["path"] == path})
         if n:
             count = t(_("all {n}")).format(n=n) if n == total else t(_("{n} of {total}")).format(n=n, total=total)
-            rows.append({"path": t(PATH_LABELS[path]), "how": t(PATH_HOW[path]), "reference": t(PATH_REFERENCE[path]),
-                         "builds": count})
+            rows.append({"path": t(PATH_LABELS[path]), "how": t(PATH_HOW[path]).format(lo=f"{lo:,}", hi=f"{hi:,}"),
+                         "reference": t(PATH_REFERENCE[path]), "builds": count})
     return rows
 
 
@@ -806,7 +811,7 @@ def constraint_lines(records: list[dict[str, Any]], selection: SelectionDoc | No
                        "(see their fake-quant tables).")))
     if not any(r["path"] == "served" for r in measured):
         out.append(t(_("No policy-server results were imported: the deployed rows are diffusers with ModelOpt's FP8 "
-                       "GEMM (or its exact emulation on a CPU), not NVIDIA's policy server.")))
+                       "GEMM (or its emulation on a CPU), not NVIDIA's policy server.")))
     return [f"- {c}" for c in out]
 
 

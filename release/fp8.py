@@ -22,6 +22,12 @@ def qdq(t: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * scale
 
 
+# The K of the GEMMs the model does not reproduce (bench/fp8_conformance.py on an H200, BENCHMARKS.md): there cuBLAS
+# sums in an order not modelled and nearly every output differs; the other 50 of 60 random shapes (K 240 to 5,744,
+# every data kind) and every recorded shape of the Nano's GEMMs (K 4,096 and 12,288) are bit-exact.
+UNMODELLED_K = (5184, 5984)
+
+
 def weight_codes(weight: torch.Tensor, amax: torch.Tensor, arithmetic: str,
                  device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 codes and scale of one weight, as ModelOpt's compress (``w / (amax / 448)``) makes them on a CPU or CUDA;

@@ -99,6 +99,16 @@ def test_a_deployed_build_larger_than_the_cap_is_refused_not_streamed(runs: dict
     assert "runs it whole" in result.output and "--max-gpu-memory" in result.output
 
 
+def test_auto_round_tuning_under_a_cap_is_refused(runs: dict[str, Path], tiny: Path, tmp_path: Path) -> None:
+    """auto-round's tuner refuses offloaded layers: the build says so before any output (the capture is cached)."""
+    result = invoke("build", "autoround_tuned", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist", "--max-gpu-memory", CAP)
+    memory.set_cap(None)
+    assert result.exit_code == 2, result.output
+    assert "builds/autoround_tuned.yaml" in result.output and "--max-gpu-memory" in result.output
+    assert not (tmp_path / "dist" / load_build("autoround_tuned").repo).exists()
+
+
 @pytest.mark.parametrize("size", ["22GiB", "24GB", "512MiB", "1024", "1.5GiB"])
 def test_sizes_parse(size: str) -> None:
     assert memory.parse_size(size, "--max-gpu-memory") > 0

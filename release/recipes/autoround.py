@@ -27,7 +27,7 @@ import torch
 from release import ReleaseError
 from release.config import BuildConfig
 from release.fp8 import FP8_MAX
-from release.memory import execution_device, weights_of
+from release.memory import execution_device, is_placed
 from release.recipes import per_channel
 from release.recipes.base import Context, Step, quantized_linears
 
@@ -111,6 +111,10 @@ class AutoRound(Step):
             raise ReleaseError(f"builds/{ctx.build.name}.yaml: 'autoround.tuning: auto-round' needs the auto-round "
                                f"library, the '{EXTRA}' extra: pip install 'release[{EXTRA}]'") from exc
         build, model = ctx.build, ctx.model
+        if is_placed(model):
+            raise ReleaseError(f"builds/{build.name}.yaml: 'autoround.tuning: auto-round' does not run under "
+                               "--max-gpu-memory (auto-round refuses a model with offloaded layers); build it without "
+                               "the cap, on a GPU that holds the BF16 model")
         transformer: Any = model  # a Cosmos3OmniTransformer (mypy cannot see diffusers' attributes)
         params = build.section(self.name)
         scheme = {"bits": 8, "group_size": -1 if build.scheme == per_channel.SCHEME else 0, "data_type": "fp",
@@ -125,8 +129,7 @@ class AutoRound(Step):
         level, logger.level = logger.level, logging.ERROR
         try:
             for i, layer in enumerate(transformer.layers):
-                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-                        weights_of(f"layers.{i}", model, writeback=True):
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                     # Samples differ in length, so they cannot be stacked: batches of one, gradients accumulated
                     # over auto-round's default batch of 8 (its block runner reads the attribute).
                     tuner = Tuner(model, tokenizer="", scheme=scheme, iters=params.iters, lr=params.lr,
