@@ -70,7 +70,7 @@ def test_a_plan_from_the_manifest_needs_no_weights_and_shows_only_what_changed(
     assert f"## np-cr/{RTN} (rtn): exists, public" in same.output
     assert "No changes: nothing will be uploaded." in same.output and "Tag `v1.0.0`: unchanged" in same.output
     rtn = builds / "rtn.yaml"  # a pull request that changes the build's title changes its cards, nothing else
-    rtn.write_text(rtn.read_text().replace('title: "', 'title: "Renamed ', 1))
+    rtn.write_text(rtn.read_text().replace('  en: "', '  en: "Renamed ', 1).replace('  ko: "', '  ko: "Renamed ', 1))
     changed = invoke("push", "--from-manifest", lock, "--endpoint", hub.url, "--dry-run", "--format", "json",
                      "--retag")
     assert changed.exit_code == 0, changed.output

@@ -94,7 +94,7 @@ def test_the_plan_jobs_commands_run_against_the_local_hub(hub: FakeHub, carded: 
     assert invoke("push", "--dist", carded, "--endpoint", hub.url).exit_code == 0  # the live repos
     work = _checkout(tmp_path, release_lock)
     rtn = work / "builds" / "rtn.yaml"  # the pull request renames the build
-    rtn.write_text(rtn.read_text().replace('title: "', 'title: "Renamed ', 1))
+    rtn.write_text(rtn.read_text().replace('  en: "', '  en: "Renamed ', 1).replace('  ko: "', '  ko: "Renamed ', 1))
     seen = len(hub.authorizations)
     done = _run(command, work, hub)
     assert done.returncode == 0, done.stdout + done.stderr
