@@ -69,12 +69,14 @@ def test_a_plan_from_the_manifest_needs_no_weights_and_shows_only_what_changed(
     assert same.exit_code == 0, same.output
     assert f"## np-cr/{RTN} (rtn): exists, public" in same.output
     assert "No changes: nothing will be uploaded." in same.output and "Tag `v1.0.0`: unchanged" in same.output
-    rtn = builds / "rtn.yaml"  # a pull request that changes the build's title changes its cards, nothing else
+    rtn = builds / "rtn.yaml"  # a pull request that changes the build's title changes its cards and plots (which
+    # label the build by its title), nothing else
     rtn.write_text(rtn.read_text().replace('  en: "', '  en: "Renamed ', 1).replace('  ko: "', '  ko: "Renamed ', 1))
     changed = invoke("push", "--from-manifest", lock, "--endpoint", hub.url, "--dry-run", "--format", "json",
                      "--retag")
     assert changed.exit_code == 0, changed.output
-    assert {f["path"] for f in _files(changed.stdout) if f["action"] != "unchanged"} == {"README.md", "README.ko.md"}
+    assert {f["path"] for f in _files(changed.stdout) if f["action"] != "unchanged"} == {
+        "README.md", "README.ko.md", "forest.en.png", "forest.ko.png"}
     assert "+# Cosmos3-Nano-Policy-DROID, Renamed " in json.loads(changed.stdout)["repos"][0]["readme_diff"]
     refused = invoke("push", "--from-manifest", lock, "--endpoint", hub.url)
     assert refused.exit_code == 2 and "only with --dry-run" in refused.output

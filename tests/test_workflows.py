@@ -105,9 +105,9 @@ def test_the_plan_jobs_commands_run_against_the_local_hub(hub: FakeHub, carded: 
     comment = (preview / "comment.md").read_text()
     assert comment.startswith(f"{COMMENT_MARKER}\n### Release preview: release 1.0.0 to np-cr")
     row = next(line for line in comment.splitlines() if line.startswith(f"| `np-cr/{RTN}` |"))
-    assert row.startswith(f"| `np-cr/{RTN}` | rtn | exists, public | 0 | 2 | 0 | ")  # the two cards only
+    assert row.startswith(f"| `np-cr/{RTN}` | rtn | exists, public | 0 | 4 | 0 | ")  # the two cards and plots
     assert row.endswith(" | move (--retag) |")  # a published version's cards changed: the tag would move
-    assert f"<details><summary><code>np-cr/{RTN}</code> (rtn): 2 to modify; README.md +" in comment
+    assert f"<details><summary><code>np-cr/{RTN}</code> (rtn): 4 to modify; README.md +" in comment
     assert "+# Cosmos3-Nano-Policy-DROID, Renamed " in (preview / "plan.md").read_text()
     assert sorted(p.name for p in (preview / "cards" / RTN).iterdir()) == [
         "LICENSE", "README.ko.md", "README.md", "forest.en.png", "forest.ko.png"]
