@@ -69,6 +69,8 @@ def set_cap(option: str | None) -> int | None:
     else:
         _CAP[0] = None
     if _CAP[0] is not None and torch.cuda.is_available():
+        # The current device: under torchrun, release.distributed.join (run by the CLI group before any command)
+        # has made it the rank's LOCAL_RANK GPU, so each rank caps its own.
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, _CAP[0] / total))
     return _CAP[0]

@@ -216,10 +216,16 @@ def _variant(builds: Path, base: str, name: str, edits: list[tuple[str, str]]) -
     (builds / f"{name}.yaml").write_text(text)
 
 
-def test_observers_record_one_of_gptqs_two_passes(campaign: Path, builds: Path, tiny: Path,
-                                                  tmp_path: Path) -> None:
+def test_observers_record_one_of_gptqs_two_passes(campaign: Path, builds: Path, tiny: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """GPTQ runs the forward loop twice (scales, then Hessians); a moving-average observer beside it records the
-    first pass only, so its input scales equal the plain moving-average build's (two passes would move the EMA)."""
+    first pass only, so its input scales equal the plain moving-average build's (two passes would move the EMA).
+    ModelOpt's column loop runs with the column-wise quantizer (release.recipes.gptq.columnwise)."""
+    from release.recipes.gptq import Columns
+
+    columns: list[Any] = []
+    read = Columns.__getitem__
+    monkeypatch.setattr(Columns, "__getitem__", lambda self, index: columns.append(index) or read(self, index))
     _variant(builds, "gptq", "gptq_mavg", [("method: max", "method: moving_average\n  momentum: 0.01")])
     result = invoke("build", "gptq_mavg", "--source", tiny / "source", "--observations", tiny / "observations",
                     "--out", tmp_path / "dist")
@@ -227,6 +233,7 @@ def test_observers_record_one_of_gptqs_two_passes(campaign: Path, builds: Path, 
     ours, mavg = _tensors(tmp_path / "dist/Variant-gptq_mavg"), _tensors(campaign / REPO["rtn_mavg"])
     inputs = [k for k in mavg if k.endswith("input_quantizer._amax")]
     assert all(torch.equal(ours[k], mavg[k]) for k in inputs)
+    assert columns and all(i[0] == slice(None) and isinstance(i[1], int) for i in columns)  # one column each read
 
 
 def test_layerwise_gptq_runs_on_the_registered_decoder_layers(campaign: Path, builds: Path, tiny: Path,

@@ -194,3 +194,58 @@ def test_too_little_algorithm_data(tiny: Path, tmp_path: Path, monkeypatch: pyte
     assert result.exit_code == 2
     assert "field 'algorithm_calls' asks for 64 calls" in result.output and "only 32" in result.output
     assert not (tmp_path / "dist").exists()
+
+
+def _gptq_update(axis: int | None, device: str, columns: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """ModelOpt's GPTQ column loop on one random Linear with a max-calibrated FP8 weight quantizer (per tensor or per
+    output row), as ModelOpt runs it or through :func:`release.recipes.gptq.columnwise`; and round-to-nearest."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+    from modelopt.torch.quantization.utils import calib_utils
+
+    from release.recipes.gptq import columnwise
+
+    torch.manual_seed(3)
+    weight = torch.randn(96, 200, device=device) * torch.logspace(-2, 1, 200, device=device)  # mixed magnitudes
+    weight[5] *= 1e-4  # a row of subnormal codes
+    x = torch.randn(512, 200, device=device)
+    h = x.T @ x / 512
+    h_inv = calib_utils.compute_hessian_inverse(h, weight, 0.01)
+    quantizer = TensorQuantizer()
+    quantizer.num_bits, quantizer.axis = (4, 3), axis
+    quantizer.amax = (weight.abs().amax(dim=1, keepdim=True) if axis == 0 else weight.abs().amax()).to(torch.bfloat16)
+    w = weight.clone()
+    if columns:
+        with columnwise():
+            calib_utils.gptq_blockwise_update(w, h_inv, 64, quantizer)
+    else:
+        calib_utils.gptq_blockwise_update(w, h_inv, 64, quantizer)
+    return w, quantizer(weight)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (ModelOpt's fake-quant kernel)"))])
+@pytest.mark.parametrize("axis", [None, 0], ids=["per-tensor", "per-channel"])
+def test_gptq_quantizing_one_column_at_a_time_is_modelopts_update_bit_for_bit(axis: int | None, device: str) -> None:
+    from modelopt.torch.quantization.utils import calib_utils
+
+    update = calib_utils.gptq_blockwise_update
+    (ours, rtn), (theirs, _) = _gptq_update(axis, device, columns=True), _gptq_update(axis, device, columns=False)
+    assert calib_utils.gptq_blockwise_update is update  # the context put ModelOpt's function back
+    assert (theirs != rtn).float().mean() > 0.1  # GPTQ chose other codes than round-to-nearest for many weights
+    assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
+
+
+def test_gptq_columns_answer_any_other_index_from_the_whole_matrix() -> None:
+    from release.recipes.gptq import Columns
+
+    calls: list[tuple[int, ...]] = []
+
+    def quantizer(t: torch.Tensor) -> torch.Tensor:
+        calls.append(tuple(t.shape))
+        return t.round()
+
+    w = torch.arange(12.0).reshape(3, 4) / 3
+    columns = Columns(quantizer, w)
+    assert torch.equal(columns[:, 2], w[:, 2].round()) and torch.equal(columns[:, 2], w[:, 2].round())
+    assert calls == [(3, 1)]  # one column quantized, once for both reads
+    assert torch.equal(columns[1:, :2], w.round()[1:, :2]) and calls[-1] == (3, 4)

@@ -109,8 +109,10 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
             m(**call)
 
     quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
-    with warnings.catch_warnings(), quiet[0], quiet[1]:  # ModelOpt prints progress and tqdm bars; errors still raise
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(), quiet[0], quiet[1], contextlib.ExitStack() as steps_context:
+        warnings.simplefilter("ignore")  # ModelOpt prints progress and tqdm bars; errors still raise
+        for step in recipe:
+            steps_context.enter_context(step.calibrating(build))
         mtq.quantize(model, quant_config(build, algorithm), forward_loop=forward_loop)
     for name, amax in observer.amax().items():
         quantizer: Any = model.get_submodule(name).input_quantizer

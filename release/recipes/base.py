@@ -3,6 +3,7 @@ Linears a build quantizes, hooks on their inputs, ModelOpt's quantizer configura
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -184,6 +185,10 @@ class Step:
     def algorithm(self, build: BuildConfig) -> str | dict[str, Any]:
         """ModelOpt's calibration algorithm for this step (default: max calibration)."""
         return "max"
+
+    def calibrating(self, build: BuildConfig) -> Any:
+        """A context that ModelOpt's quantization of the build runs in (default: none)."""
+        return contextlib.nullcontext()
 
     def after(self, ctx: Context) -> None:
         """Work on the calibrated, fake-quantized model (default: nothing)."""
