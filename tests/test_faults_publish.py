@@ -555,3 +555,51 @@ def test_the_manifest_is_written_from_verified_secret_free_builds_only(carded: P
     _one_line_error(invoke("manifest", "--dist", dist, "--out", out), 1,
                     "manifest refused: Cosmos3-Nano-Policy-DROID-FP8 has no verification report")
     assert not out.exists()
+
+
+# `release manifest ...` that SIGKILLs itself in the middle of writing OUT (its first argument): "write" after half
+# of the temporary file's bytes, "replace" just before the temporary is renamed onto OUT.
+MANIFEST_KILLED = r"""
+import os, signal, sys
+from pathlib import Path
+
+out, at = Path(sys.argv.pop(1)), sys.argv.pop(1)
+write, replace = Path.write_bytes, os.replace
+
+def half(self, data):
+    if self.name.startswith(f".{out.name}"):
+        with self.open("wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return write(self, data)
+
+def last(src, dst):
+    if Path(dst) == out:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return replace(src, dst)
+
+if at == "write":
+    Path.write_bytes = half
+else:
+    os.replace = last
+from release.cli import main
+main()
+"""
+
+
+@pytest.mark.parametrize("at", ["write", "replace"])
+def test_a_kill_while_the_manifest_is_written_leaves_the_old_one_whole(at: str, carded: Path, builds: Path,
+                                                                      tmp_path: Path) -> None:
+    out = tmp_path / "release.lock.json"
+    assert invoke("manifest", "--dist", carded, "--out", out).exit_code == 0
+    new = out.read_bytes()
+    out.write_bytes(b'{"the": "old manifest"}\n')
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RELEASE_BUILDS": str(builds)}
+    argv = [sys.executable, "-c", MANIFEST_KILLED, str(out), at, "manifest", "--dist", str(carded), "--out", str(out)]
+    killed = subprocess.run(argv, env=env, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr
+    assert out.read_bytes() == b'{"the": "old manifest"}\n'
+    again = invoke("manifest", "--dist", carded, "--out", out)
+    assert again.exit_code == 0, again.output
+    assert out.read_bytes() == new and sorted(os.listdir(tmp_path)) == ["builds", "release.lock.json"]  # no temporary
