@@ -10,9 +10,10 @@
 #   5. one BF16 and one deployed rollout under torch.profiler (bench/gpu_rollout_profile.py): where the time goes;
 #   6. capped-build, capped-eval: the same build, and the evals of it (deployed, fakequant), with --max-gpu-memory
 #      $CAP (default 22GiB) on a GPU limited to $GPU_GIB (default 24) GiB by bench/gpu_capped.py, with their own
-#      cache (capture and rollouts anew), compared byte for byte with the uncapped run's (after build, and eval).
+#      cache (capture and rollouts anew), compared byte for byte with the uncapped run's (after build, and eval);
+#   7. gptq: ModelOpt's GPTQ column loop against the column-wise one at the Nano's shapes (bench/gptq_columns.py).
 # Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]
-#   steps: setup floor build eval profile capped-build capped-eval (default: the first five)
+#   steps: setup floor build eval profile capped-build capped-eval gptq (default: the first five)
 #   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from release init), FIXTURE_ARGS, CAP, GPU_GIB
 set -euo pipefail
 wheels=$(realpath "$1") work=$(realpath -m "$2") out=$(realpath -m "$3")
@@ -80,6 +81,9 @@ for step in $steps; do
       done
       for f in dist-capped/*/results/*.perf.json; do cp "$f" "$out/capped-$(basename "$f")"; done
       same dist dist-capped ;;
+    gptq)
+      timed "GPTQ column loop, ModelOpt's vs column-wise" bash -c \
+        "venv/bin/python '$here/gptq_columns.py' 1 cuda >'$out/gptq_columns.txt'" ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
   esac
 done
