@@ -11,6 +11,7 @@ Usage: python3 bench/gptq_columns.py [DIVIDE] [cpu|cuda]
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from typing import Any
@@ -41,7 +42,7 @@ def run(in_f: int, out_f: int, axis: int | None, device: str, columns: bool) -> 
     quantizer.amax = (weight.abs().amax(dim=1, keepdim=True) if axis == 0 else weight.abs().amax()).bfloat16()
     _sync(device)
     start = time.perf_counter()
-    with columnwise() if columns else torch.no_grad():
+    with columnwise() if columns else contextlib.nullcontext():
         calib_utils.gptq_blockwise_update(weight, h_inv, 128, quantizer)
     _sync(device)
     return weight, time.perf_counter() - start

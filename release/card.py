@@ -734,11 +734,11 @@ def setup_rows(records: list[dict[str, Any]], release: ReleaseConfig, build: Bui
 
 
 def paths_rows(records: list[dict[str, Any]], t: Any) -> list[dict[str, str]]:
-    measured = [r for r in records if r["path"] in MEASURED]
-    total = len({r["build"] for r in measured})
-    from release.fp8 import UNMODELLED_K
+    from release.fp8 import UNMODELLED_K  # here, not at the top: release.fp8 imports torch
 
     lo, hi = UNMODELLED_K
+    measured = [r for r in records if r["path"] in MEASURED]
+    total = len({r["build"] for r in measured})
     rows = []
     for path in MEASURED:
         n = len({r["build"] for r in measured if r["path"] == path})

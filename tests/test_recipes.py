@@ -249,3 +249,26 @@ def test_gptq_columns_answer_any_other_index_from_the_whole_matrix() -> None:
     assert torch.equal(columns[:, 2], w[:, 2].round()) and torch.equal(columns[:, 2], w[:, 2].round())
     assert calls == [(3, 1)]  # one column quantized, once for both reads
     assert torch.equal(columns[1:, :2], w.round()[1:, :2]) and calls[-1] == (3, 4)
+
+
+def test_gptq_keeps_modelopts_whole_matrix_quantization_for_a_quantizer_that_is_not_elementwise() -> None:
+    """A dynamic quantizer (its amax from the matrix it is given) would see another amax in one column alone."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+    from modelopt.torch.quantization.utils import calib_utils
+
+    from release.recipes.gptq import columnwise, elementwise
+
+    torch.manual_seed(4)
+    weight = torch.randn(32, 64) * torch.logspace(-2, 1, 64)
+    x = torch.randn(256, 64)
+    h_inv = calib_utils.compute_hessian_inverse(x.T @ x / 256, weight, 0.01)
+    dynamic = TensorQuantizer()
+    dynamic.num_bits, dynamic.axis = (4, 3), None
+    assert not elementwise(dynamic)
+    ours, theirs = weight.clone(), weight.clone()
+    with columnwise():
+        calib_utils.gptq_blockwise_update(ours, h_inv, 16, dynamic)
+    calib_utils.gptq_blockwise_update(theirs, h_inv, 16, dynamic)
+    assert torch.equal(ours, theirs)
+    dynamic.amax = weight.abs().amax()
+    assert elementwise(dynamic)

@@ -48,6 +48,16 @@ class Columns:
         return self.column[1]
 
 
+def elementwise(quantizer: Any) -> bool:
+    """Whether ``quantizer`` maps each weight on its own: a calibrated amax (per tensor or per output row), not
+    recomputed from its input (dynamic) nor shared across blocks of a row. Any other keeps ModelOpt's whole-matrix
+    quantization."""
+    amax = getattr(quantizer, "amax", None)
+    if amax is None or getattr(quantizer, "_dynamic", False) or getattr(quantizer, "block_sizes", None):
+        return False
+    return bool(amax.numel() == 1 or (amax.dim() == 2 and amax.shape[1] == 1))
+
+
 @contextmanager
 def columnwise() -> Iterator[None]:
     """ModelOpt's GPTQ with its column loop's quantizer replaced by :class:`Columns` (for the duration)."""
@@ -56,6 +66,9 @@ def columnwise() -> Iterator[None]:
     update = calib_utils.gptq_blockwise_update
 
     def blockwise(weight: torch.Tensor, h_inv: torch.Tensor, block_size: int, quantize_fn: Any) -> None:
+        if not elementwise(quantize_fn):
+            update(weight, h_inv, block_size, quantize_fn)
+            return
         update(weight, h_inv, block_size, lambda w: Columns(quantize_fn, w))
 
     calib_utils.gptq_blockwise_update = blockwise
