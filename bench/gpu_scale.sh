@@ -10,7 +10,8 @@
 #   5. one BF16 and one deployed rollout under torch.profiler (bench/gpu_rollout_profile.py): where the time goes;
 #   6. capped-build, capped-eval: the same build, and the evals of it (deployed, fakequant), with --max-gpu-memory
 #      $CAP (default 22GiB) on a GPU limited to $GPU_GIB (default 24) GiB by bench/gpu_capped.py, with their own
-#      cache (capture and rollouts anew), compared byte for byte with the uncapped run's (after build, and eval);
+#      cache (capture and rollouts anew), compared byte for byte with the uncapped run's (after build, and eval;
+#      capped-eval evaluates the capped build, so capped-build comes first);
 #   7. gptq: ModelOpt's GPTQ column loop against the column-wise one at the Nano's shapes (bench/gptq_columns.py).
 # Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]
 #   steps: setup floor build eval profile capped-build capped-eval gptq (default: the first five)
@@ -65,15 +66,19 @@ for step in $steps; do
       timed "rollout profile" bash -c "venv/bin/python '$here/gpu_rollout_profile.py' fx/source fx/observations \
         dist/Cosmos3-Nano-Policy-DROID-FP8 >'$out/rollout_profile.txt'" ;;
     capped-build)
+      # the disk holds the source and two builds (64 GiB on the GPU machine): the uncapped capture goes, the
+      # capped run captures anew into its own cache anyway
+      rm -rf cache/calibration
       timed "capped: release build ${BUILDS:-rtn}" env RELEASE_CACHE="$work/cache-capped" \
         RELEASE_PROFILE="$out/capped-build-profile.json" "${capped[@]}" build ${BUILDS:-rtn} "${common[@]}" \
         --out dist-capped "${cap[@]}"
+      df -B1 --output=used,avail . | tail -1 | sed 's/^/| disk used, free (bytes): /; s/$/ |/' | tee -a "$out/times.md"
       same dist dist-capped ;;
     capped-eval)
       timed "release eval rtn --path fakequant --split validation" \
         env RELEASE_PROFILE="$out/eval-fakequant-profile.json" $r eval rtn --path fakequant --split validation \
         "${common[@]}" --dist dist
-      rm -rf dist-capped && cp -a dist dist-capped && rm -rf dist-capped/*/results  # the same build, evaluated anew
+      rm -rf dist-capped/*/results  # the capped build (the same bytes as dist's, by capped-build), evaluated anew
       for path in deployed fakequant; do
         timed "capped: release eval rtn --path $path --split validation" env RELEASE_CACHE="$work/cache-capped" \
           RELEASE_PROFILE="$out/capped-eval-$path-profile.json" "${capped[@]}" eval rtn --path $path \

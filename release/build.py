@@ -88,7 +88,7 @@ def capture_calibration(request: BuildRequest, observations: list[Observation], 
     so an interrupted capture resumes where it stopped and a changed input captures anew.
     """
     from release.distributed import world
-    from release.policy import capture_calls, compute_device, load_pipeline, rollout, settings_digest
+    from release.policy import capture_calls, compute_device, free_memory, load_pipeline, rollout, settings_digest
 
     key = hashlib.sha256(  # CPU and GPU rollouts differ in bf16: their captures are kept apart
         f"{revision}|{observation_set_digest(request.observations)}|{settings_digest(request.release.policy)}|"
@@ -113,6 +113,8 @@ def capture_calibration(request: BuildRequest, observations: list[Observation], 
                 torch.save(calls, path.with_suffix(".tmp"))
                 os.replace(path.with_suffix(".tmp"), path)
                 progress.advance(task)
+        del pipe
+        free_memory()  # before the builds place their models
     world().barrier()  # every rank's share is on disk
     return folder
 

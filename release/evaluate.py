@@ -228,7 +228,7 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
     from rich.progress import Progress
 
     from release.distributed import world
-    from release.policy import load_pipeline, rollout
+    from release.policy import free_memory, load_pipeline, rollout
 
     paths = _rollout_paths(request, label, observations, seeds)
     paths[0].parent.mkdir(parents=True, exist_ok=True)
@@ -249,6 +249,7 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
                 paths[i].with_suffix(".tmp.npy").replace(paths[i])
                 progress.advance(task)
         del pipe
+        free_memory()  # before the next path's model is placed
     world().barrier()
     return np.stack([np.load(p) for p in paths])
 

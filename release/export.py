@@ -18,6 +18,7 @@ import json
 import shutil
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -83,8 +84,9 @@ def _export_model(quantized: Quantized, build: BuildConfig, source: SourceModel,
     quantized with the plain configuration of the build's scheme: whatever algorithm made the weights (GPTQ,
     layer-by-layer calibration), the checkpoint then carries NVIDIA's structure, ``quantization_config`` and
     ModelOpt state (one transformer call on ``compute`` initialises the quantizers; their amax values are then
-    replaced). Under a GPU memory cap the recipe's model leaves the GPU first, and the new one is kept in CPU
-    memory, placed within the cap for its call."""
+    replaced). The recipe's model is consumed: the new one takes over its tensors (one copy of the weights in
+    memory, not two) and the recipe's are left on the meta device. Under a GPU memory cap the recipe's model leaves
+    the GPU first, and the new one is kept in CPU memory, placed within the cap for its call."""
     import modelopt.torch.quantization as mtq
 
     recipe = quantized.model
@@ -92,18 +94,24 @@ def _export_model(quantized: Quantized, build: BuildConfig, source: SourceModel,
     if bounded:
         unplace(recipe)
     modules: dict[str, Any] = {n: recipe.get_submodule(n) for n in quantized_linears(recipe)}
-    amax = {n: (m.weight_quantizer.amax, getattr(m.input_quantizer, "_amax", None)) for n, m in modules.items()}
-    model = source.instantiate("cpu" if bounded else compute, recipe.state_dict(), bounded=False)
+    amax = {n: (m.weight_quantizer.amax.detach().clone(), _clone(getattr(m.input_quantizer, "_amax", None)))
+            for n, m in modules.items()}
+    model = source.instantiate("cpu" if bounded else compute, recipe.state_dict(), bounded=False, share=True)
+    recipe.to("meta")
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), torch.no_grad(), \
             placed(model, compute) if bounded else contextlib.nullcontext():
         warnings.simplefilter("ignore")
         mtq.quantize(model, quant_config(build), forward_loop=lambda m: m(**call))
     for name, (weight_amax, input_amax) in amax.items():
         module: Any = model.get_submodule(name)
-        module.weight_quantizer.amax = weight_amax.detach().clone()
+        module.weight_quantizer.amax = weight_amax
         if input_amax is not None:
-            module.input_quantizer.amax = input_amax.detach().clone()
+            module.input_quantizer.amax = input_amax
     return model
+
+
+def _clone(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    return None if tensor is None else tensor.detach().clone()
 
 
 def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, call: dict[str, Any], out: Path,
@@ -128,7 +136,10 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
     # the codes are those of the arithmetic the build ran in, wherever the export computes them
     arithmetic = compute if build.arithmetic == "native" else build.arithmetic
     emulate = arithmetic != next(model.parameters()).device.type
-    bf16_weights = {n: module_weight(model, n).detach().clone() for n in names} if emulate else {}
+    # ModelOpt's compress reads the amax and leaves it as it is: the codes of another arithmetic are made before
+    # it, from the bf16 weights it replaces, one weight at a time (no second copy of the weights)
+    emulated = {n: weight_codes(module_weight(model, n).detach(), model.get_submodule(n).weight_quantizer._amax,
+                                arithmetic) for n in names} if emulate else {}
     with stage("export: compress (ModelOpt)"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mtq.compress(model)  # FP8 codes = (w / (amax / 448)) with the quotient in bf16, as ModelOpt's GEMM expects
@@ -139,8 +150,7 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
         if state[f"{name}.weight"].dtype != torch.float8_e4m3fn:
             raise ReleaseError(f"tensor {name}.weight was not compressed to FP8 by ModelOpt")
         if emulate:
-            codes, scale = weight_codes(bf16_weights[name], module.weight_quantizer._amax, arithmetic)
-            state[f"{name}.weight"], state[f"{name}.weight_quantizer._scale"] = codes, scale
+            state[f"{name}.weight"], state[f"{name}.weight_quantizer._scale"] = emulated.pop(name)
         weight_amax = module.weight_quantizer._amax.float().cpu()
         state[f"{name}.weight_scale"] = weight_amax / FP8_MAX if build.scheme == per_channel.SCHEME \
             else (weight_amax / FP8_MAX).reshape(())
@@ -161,36 +171,46 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
         state, filename_pattern="diffusion_pytorch_model{suffix}.safetensors",
         max_shard_size=_shard_size(source.folder / "transformer"),
     )
-    with stage("export: write the shards"):
-        for filename, keys in split.filename_to_tensors.items():
-            save_file({k: state[k] for k in sorted(keys)}, str(tdir / filename), metadata={"format": "pt"})
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    write_json(tdir / TRANSFORMER_INDEX,
-               {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))})
-    config = json.loads((source.folder / "transformer" / "config.json").read_text())
-    write_json(tdir / "config.json", {**config, "quantization_config": qconfig})
-    write_json(out / "hf_quant_config.json", {k: v for k, v in qconfig.items() if k != "runtime"})
-    with stage("export: modelopt_state.pth"):
-        modelopt_state = canonical_modelopt_state(mto.modelopt_state(model))
-        torch.save(modelopt_state, tdir / "modelopt_state.pth")
-        torch.save(modelopt_state, out / "modelopt_state.pth")
-    with stage("export: copy the other components"):
-        _copy_components(source.folder, out)
-    for rel, data in build_files.items():
-        (out / BUILD_FILES).mkdir(exist_ok=True)
-        (out / BUILD_FILES / rel).write_bytes(data)
-    write_json(out / "model.safetensors.index.json", {
-        "metadata": {"total_size": total},
-        "weight_map": {k: f"transformer/{v}" for k, v in sorted(split.tensor_to_filename.items())},
-    })
-    digest = hashlib.sha256()
-    with stage("export: hash the codes"):
-        for name in sorted(names):
-            digest.update(state[f"{name}.weight"].view(torch.uint8).numpy())  # the tensor's own bytes, no copy
-    return {"quantized_linears": len(names), "codes_sha256": digest.hexdigest(),
+    # the codes' sha256 (one stream of all FP8 weights) runs in a thread while the shards are written: hashlib
+    # releases the GIL on large buffers
+    with ThreadPoolExecutor(1) as pool:
+        hashing = pool.submit(_codes_sha256, state, names)
+        with stage("export: write the shards"):
+            for filename, keys in split.filename_to_tensors.items():
+                save_file({k: state[k] for k in sorted(keys)}, str(tdir / filename), metadata={"format": "pt"})
+        total = sum(t.numel() * t.element_size() for t in state.values())
+        write_json(tdir / TRANSFORMER_INDEX,
+                   {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))})
+        config = json.loads((source.folder / "transformer" / "config.json").read_text())
+        write_json(tdir / "config.json", {**config, "quantization_config": qconfig})
+        write_json(out / "hf_quant_config.json", {k: v for k, v in qconfig.items() if k != "runtime"})
+        with stage("export: modelopt_state.pth"):
+            modelopt_state = canonical_modelopt_state(mto.modelopt_state(model))
+            torch.save(modelopt_state, tdir / "modelopt_state.pth")
+            torch.save(modelopt_state, out / "modelopt_state.pth")
+        with stage("export: copy the other components"):
+            _copy_components(source.folder, out)
+        for rel, data in build_files.items():
+            (out / BUILD_FILES).mkdir(exist_ok=True)
+            (out / BUILD_FILES / rel).write_bytes(data)
+        write_json(out / "model.safetensors.index.json", {
+            "metadata": {"total_size": total},
+            "weight_map": {k: f"transformer/{v}" for k, v in sorted(split.tensor_to_filename.items())},
+        })
+        with stage("export: hash the codes (what the shard writes left)"):
+            codes_sha256 = hashing.result()
+    return {"quantized_linears": len(names), "codes_sha256": codes_sha256,
             "codes": sum(state[f"{n}.weight"].numel() for n in names),
             "input_amax": {n: float(state[f"{n}.input_quantizer._amax"]) for n in sorted(names)
                            if f"{n}.input_quantizer._amax" in state}}
+
+
+def _codes_sha256(state: dict[str, Any], names: list[str]) -> str:
+    """sha256 of all FP8 codes in tensor-name order: two builds with the same digest have byte-equal codes."""
+    digest = hashlib.sha256()
+    for name in sorted(names):
+        digest.update(state[f"{name}.weight"].view(torch.uint8).numpy())  # the tensor's own bytes, no copy
+    return digest.hexdigest()
 
 
 def canonical_modelopt_state(state: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ A *transformer call* (every keyword argument of one ``transformer.forward``) is 
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -124,6 +125,15 @@ def load_pipeline(
             component.to(device)
     place(pipe.transformer, device)
     return pipe
+
+
+def free_memory() -> None:
+    """Collect now what was just dropped. A rollout leaves the pipeline in reference cycles, so a pipeline its
+    caller dropped keeps its GPU memory (28 GiB at the Nano's size) until the collector happens to run, which on an
+    H200 was after the next model had been placed beside it (BENCHMARKS.md)."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def observation_seed(settings: PolicySettings, obs: Observation) -> int:

@@ -212,10 +212,11 @@ class SourceModel:
         self.config = dict(model.config)
         self.state = {k: v.detach() for k, v in model.state_dict().items()}  # time_embedder stays fp32
 
-    def instantiate(self, device: str, weights: dict[str, Any] | None = None, bounded: bool = True) -> Any:
+    def instantiate(self, device: str, weights: dict[str, Any] | None = None, bounded: bool = True,
+                    share: bool = False) -> Any:
         """A new ``Cosmos3OmniTransformer`` on ``device`` with its own copy of the source weights, or of ``weights``
-        (a state dict holding at least the source's tensors). ``bounded``: within the GPU memory cap
-        (:func:`release.memory.place`)."""
+        (a state dict holding at least the source's tensors; ``share``: its tensors themselves where they already
+        are on ``device``, no copy). ``bounded``: within the GPU memory cap (:func:`release.memory.place`)."""
         from accelerate import init_empty_weights
         from diffusers import Cosmos3OmniTransformer
 
@@ -225,5 +226,6 @@ class SourceModel:
         home = "cpu" if bounded and cap() is not None else device  # under a cap, ``place`` moves what fits
         with init_empty_weights():
             model = Cosmos3OmniTransformer.from_config(self.config)
-        model.load_state_dict({k: v.to(home, copy=True) for k, v in state.items()}, strict=True, assign=True)
+        copy = weights is None or not share
+        model.load_state_dict({k: v.to(home, copy=copy) for k, v in state.items()}, strict=True, assign=True)
         return (place(model, device) if bounded else model.to(device)).eval()

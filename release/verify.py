@@ -500,22 +500,29 @@ def check_loadable(request: VerifyRequest) -> Check:
     from release.evaluate import deployed_transformer
     from release.export import load_build_transformer
     from release.observations import load_observations, split
-    from release.policy import load_pipeline, rollout
+    from release.policy import free_memory, load_pipeline, rollout
     from release.recipes import per_channel
 
     if request.observations is None:
         return Check("loadable", "failed", "no observation set to roll out on; pass --observations DIR")
     every_step = request.build.scheme == per_channel.SCHEME
-    try:
+    observations = request.observations
+
+    def roll_out() -> Any:  # the pipeline is dropped on return, and collected in ``finally``
         transformer = deployed_transformer(request.folder) if every_step else load_build_transformer(request.folder)
-        obs = split(load_observations(request.observations), request.release.calibration_labs)[0]
+        obs = split(load_observations(observations), request.release.calibration_labs)[0]
         pipe = load_pipeline(request.folder, request.release.policy, transformer=transformer)
-        actions = rollout(pipe, obs, request.release.policy, **({"mixed_precision_format": "none"} if every_step
-                                                                 else {}))
+        return rollout(pipe, obs, request.release.policy, **({"mixed_precision_format": "none"} if every_step
+                                                             else {}))
+
+    try:
+        actions = roll_out()
     except ReleaseError as exc:
         return Check("loadable", "failed", str(exc))
     except Exception as exc:  # diffusers / ModelOpt refusing a damaged checkpoint
         return Check("loadable", "failed", f"diffusers could not load or run the build: {str(exc).splitlines()[0]}")
+    finally:
+        free_memory()
     how = " (W8A8 on every step, row-wise FP8 kernel)" if every_step else ""
     return Check("loadable", "passed", f"loads in diffusers with ModelOpt's restore; one policy rollout{how} gives "
                                    f"finite actions {list(actions.shape)}")

@@ -4,6 +4,7 @@ accelerate's hooks) builds and evaluates exactly what an uncapped one does."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -131,3 +132,57 @@ def test_bad_cap_option_and_env_exit_2_before_any_work(tiny: Path, tmp_path: Pat
     assert not (tmp_path / "dist").exists()
     monkeypatch.delenv(memory.CAP_ENV)
     memory.set_cap(None)
+
+
+
+def test_a_build_holds_one_copy_of_the_model_at_a_time(tiny: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """No model is held twice. A rollout leaves the pipeline in reference cycles: with the collector off (it runs
+    at times of its own choosing), the capture's BF16 transformer must still be gone when the builds start, or it
+    holds its GPU memory beside theirs (28 GiB at the Nano's size). And the export's model takes over the recipe's
+    tensors instead of copying them, leaving the recipe's on the meta device."""
+    import gc
+    import weakref
+
+    from release import build, export, policy
+
+    loaded: list[weakref.ref[torch.nn.Module]] = []
+    load_pipeline = policy.load_pipeline
+
+    def spy(*args: object, **kwargs: object) -> object:
+        pipe = load_pipeline(*args, **kwargs)  # type: ignore[arg-type]
+        loaded.append(weakref.ref(pipe.transformer))
+        return pipe
+
+    alive_at_load: list[bool] = []
+    load_capture = build.CalibrationData.load
+
+    def check(*args: object) -> object:
+        alive_at_load.extend(ref() is not None for ref in loaded)
+        return load_capture(*args)  # type: ignore[arg-type]
+
+    shared: list[tuple[int, int, set[str]]] = []
+    export_model = export._export_model
+
+    def takes_over(quantized: Any, *args: object) -> object:
+        before = {k: v.data_ptr() for k, v in quantized.model.state_dict().items()}
+        model = export_model(quantized, *args)  # type: ignore[arg-type]
+        after = {k: v.data_ptr() for k, v in model.state_dict().items() if k in before and k.endswith("weight")}
+        shared.append((sum(before[k] == p for k, p in after.items()), len(after),
+                       {p.device.type for p in quantized.model.parameters()}))
+        return model
+
+    monkeypatch.setattr(policy, "load_pipeline", spy)
+    monkeypatch.setattr(build.CalibrationData, "load", check)
+    monkeypatch.setattr(export, "_export_model", takes_over)
+    monkeypatch.setenv("RELEASE_CACHE", str(tmp_path / "cache"))
+    gc.disable()
+    try:
+        result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                        "--out", tmp_path / "dist")
+    finally:
+        gc.enable()
+    assert result.exit_code == 0, result.output
+    assert alive_at_load == [False]  # one capture pipeline, collected
+    [(same, weights, devices)] = shared
+    assert weights > 28 and same == weights and devices == {"meta"}

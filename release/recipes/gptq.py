@@ -8,14 +8,17 @@ algorithm calls (the seed: 256 calls for the scales, 32 for the algorithm); obse
 it, both passes on the calibration calls.
 
 ModelOpt's column loop (``gptq_blockwise_update``) fake-quantizes the whole weight matrix for each column and keeps
-that one column: a Linear costs in_features x out_features x in_features element operations, 676 s for the Nano's
-504 Linears on an H200 (BENCHMARKS.md). The scheme's weight quantizers are elementwise with a calibrated amax (one
-per tensor or per output row), so the column quantized alone is the same bits; :func:`columnwise` runs ModelOpt's loop
-unchanged with a quantizer that does only that.
+that one column: a Linear costs in_features x out_features x in_features element operations. The scheme's weight
+quantizers are elementwise with a calibrated amax (one per tensor or per output row), so the column quantized alone is
+the same bits; :func:`columnwise` runs ModelOpt's loop unchanged with a quantizer that does only that. It is what a
+CPU needs (9-26x faster per Linear). On an H200 the whole-matrix quantization is not the cost: the Nano's 504 Linears
+took 897 s with ModelOpt's loop and 952 s column-wise, both bound by the loop's per-column launches and Python
+(0.33 ms a column), so a GPU build keeps ModelOpt's loop as it is (BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -93,4 +96,8 @@ class Gptq(Step):
                 "layerwise": {"enable": g.layerwise}}
 
     def calibrating(self, build: BuildConfig) -> Any:
-        return columnwise()
+        # On a CPU the whole matrix per column is the cost (9-26x); on an H200 it is not, the loop's per-column
+        # launches and Python are, and the column-wise quantizer measured 0.9x there (BENCHMARKS.md)
+        from release.policy import compute_device
+
+        return columnwise() if compute_device() == "cpu" else contextlib.nullcontext()
