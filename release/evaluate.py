@@ -258,17 +258,31 @@ def performance(request: EvalRequest, label: str, observations: list[Observation
                 seeds: list[int]) -> dict[str, Any] | None:
     """The median latency and the peak GPU memory of the rollouts of ``label`` (None unless every one of them ran
     on the same kind of GPU)."""
-    import json
-
     paths = [p.with_suffix(PERF) for p in _rollout_paths(request, label, observations, seeds)]
     if not all(p.is_file() for p in paths):
         return None
-    records = [json.loads(p.read_text()) for p in paths]
+    records = [_timing(p) for p in paths]
     if len({r["device"] for r in records}) != 1:
         return None
     return {"device": records[0]["device"], "rollouts": len(records),
             "seconds_median": float(np.median([r["seconds"] for r in records])),
             "peak_gib": max(r["peak_bytes"] for r in records) / 2**30}
+
+
+def _timing(path: Path) -> dict[str, Any]:
+    """One cached rollout's latency record, as ``rollouts`` wrote it; anything else names the file."""
+    import json
+
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:  # invalid JSON or not UTF-8
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("device"), str) or not all(
+            type(record.get(k)) in (int, float) and record[k] >= 0 for k in ("seconds", "peak_bytes")):
+        raise ReleaseError(f"{path}: not a rollout timing record (seconds, peak_bytes, device); delete it and "
+                           f"{path.name.removesuffix(PERF)}.npy beside it, then rerun release eval (that rollout "
+                           "runs again)")
+    return record
 
 
 def save_results(path: Path, reference: np.ndarray, candidate: np.ndarray, observations: list[Observation],

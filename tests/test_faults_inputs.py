@@ -143,6 +143,45 @@ def test_eval_refuses_a_bad_observation_set_before_any_rollout(tiny: Path, obs: 
     assert not (fake_dist / RTN / "results").exists()
 
 
+@pytest.fixture(scope="module")
+def cpu_eval(rtn_build: Path, tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A deployed eval of the RTN build on the CPU, with its own dist and rollout cache (no timings: no GPU)."""
+    base = tmp_path_factory.mktemp("timings")
+    shutil.copytree(rtn_build, base / "dist" / RTN)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RELEASE_CACHE", str(base / "cache"))
+        result = invoke(*_deployed_eval(base, tiny))
+    assert result.exit_code == 0, result.output
+    return base
+
+
+def _deployed_eval(base: Path, tiny: Path) -> list[str | Path]:
+    return ["eval", "rtn", "--path", "deployed", "--split", "validation", "--dist", base / "dist", "--source",
+            tiny / "source", "--observations", tiny / "observations"]
+
+
+@pytest.mark.parametrize("record", ['{"seconds": 0.5, "peak_bytes"', "[1, 2]", '{"seconds": 0.5, "device": "x"}',
+                                    '{"seconds": true, "peak_bytes": 1, "device": "x"}'])
+def test_eval_names_a_corrupt_rollout_timing_in_its_cache(record: str, cpu_eval: Path, tiny: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rollouts on a GPU leave their latency beside them in the cache; a damaged record is named, with the fix."""
+    base = tmp_path / "run"
+    shutil.copytree(cpu_eval, base)
+    monkeypatch.setenv("RELEASE_CACHE", str(base / "cache"))
+    cached = sorted((base / "cache" / "rollouts").rglob("*.npy"))
+    valid = json.dumps({"seconds": 0.5, "peak_bytes": 2**30, "device": "NVIDIA H200"})
+    for npy in cached:  # as a GPU run writes them
+        npy.with_suffix(".perf.json").write_text(valid)
+    bad = cached[-1].with_suffix(".perf.json")
+    bad.write_text(record)
+    refused(invoke(*_deployed_eval(base, tiny)), str(bad), f"delete it and {cached[-1].name}")
+    bad.write_text(valid)
+    result = invoke(*_deployed_eval(base, tiny))
+    assert result.exit_code == 0, result.output
+    speed = json.loads((base / "dist" / RTN / "results" / "deployed-validation.perf.json").read_text())
+    assert speed["build"]["device"] == "NVIDIA H200" and speed["build"]["seconds_median"] == 0.5
+
+
 # --- item 10: eval of a build without a usable provenance.json, import-served, --out that is a file ---
 
 
