@@ -94,7 +94,7 @@ def _export_model(quantized: Quantized, build: BuildConfig, source: SourceModel,
     if bounded:
         unplace(recipe)
     modules: dict[str, Any] = {n: recipe.get_submodule(n) for n in quantized_linears(recipe)}
-    amax = {n: (m.weight_quantizer.amax.detach().clone(), _clone(getattr(m.input_quantizer, "_amax", None)))
+    amax = {n: (_clone(m.weight_quantizer.amax), _clone(getattr(m.input_quantizer, "_amax", None)))
             for n, m in modules.items()}
     model = source.instantiate("cpu" if bounded else compute, recipe.state_dict(), bounded=False, share=True)
     recipe.to("meta")
@@ -178,27 +178,27 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
         with stage("export: write the shards"):
             for filename, keys in split.filename_to_tensors.items():
                 save_file({k: state[k] for k in sorted(keys)}, str(tdir / filename), metadata={"format": "pt"})
-        total = sum(t.numel() * t.element_size() for t in state.values())
-        write_json(tdir / TRANSFORMER_INDEX,
-                   {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))})
-        config = json.loads((source.folder / "transformer" / "config.json").read_text())
-        write_json(tdir / "config.json", {**config, "quantization_config": qconfig})
-        write_json(out / "hf_quant_config.json", {k: v for k, v in qconfig.items() if k != "runtime"})
-        with stage("export: modelopt_state.pth"):
-            modelopt_state = canonical_modelopt_state(mto.modelopt_state(model))
-            torch.save(modelopt_state, tdir / "modelopt_state.pth")
-            torch.save(modelopt_state, out / "modelopt_state.pth")
-        with stage("export: copy the other components"):
-            _copy_components(source.folder, out)
-        for rel, data in build_files.items():
-            (out / BUILD_FILES).mkdir(exist_ok=True)
-            (out / BUILD_FILES / rel).write_bytes(data)
-        write_json(out / "model.safetensors.index.json", {
-            "metadata": {"total_size": total},
-            "weight_map": {k: f"transformer/{v}" for k, v in sorted(split.tensor_to_filename.items())},
-        })
         with stage("export: hash the codes (what the shard writes left)"):
             codes_sha256 = hashing.result()
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    write_json(tdir / TRANSFORMER_INDEX,
+               {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))})
+    config = json.loads((source.folder / "transformer" / "config.json").read_text())
+    write_json(tdir / "config.json", {**config, "quantization_config": qconfig})
+    write_json(out / "hf_quant_config.json", {k: v for k, v in qconfig.items() if k != "runtime"})
+    with stage("export: modelopt_state.pth"):
+        modelopt_state = canonical_modelopt_state(mto.modelopt_state(model))
+        torch.save(modelopt_state, tdir / "modelopt_state.pth")
+        torch.save(modelopt_state, out / "modelopt_state.pth")
+    with stage("export: copy the other components"):
+        _copy_components(source.folder, out)
+    for rel, data in build_files.items():
+        (out / BUILD_FILES).mkdir(exist_ok=True)
+        (out / BUILD_FILES / rel).write_bytes(data)
+    write_json(out / "model.safetensors.index.json", {
+        "metadata": {"total_size": total},
+        "weight_map": {k: f"transformer/{v}" for k, v in sorted(split.tensor_to_filename.items())},
+    })
     return {"quantized_linears": len(names), "codes_sha256": codes_sha256,
             "codes": sum(state[f"{n}.weight"].numel() for n in names),
             "input_amax": {n: float(state[f"{n}.input_quantizer._amax"]) for n in sorted(names)
