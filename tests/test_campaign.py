@@ -220,7 +220,7 @@ def test_observers_record_one_of_gptqs_two_passes(campaign: Path, builds: Path, 
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """GPTQ runs the forward loop twice (scales, then Hessians); a moving-average observer beside it records the
     first pass only, so its input scales equal the plain moving-average build's (two passes would move the EMA).
-    ModelOpt's column loop runs with the column-wise quantizer (release.recipes.gptq.columnwise)."""
+    ModelOpt's column loop runs with the column-wise quantizer on the CPU (release.recipes.gptq.faster_update)."""
     from release.recipes.gptq import Columns
 
     columns: list[Any] = []

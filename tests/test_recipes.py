@@ -198,11 +198,12 @@ def test_too_little_algorithm_data(tiny: Path, tmp_path: Path, monkeypatch: pyte
 
 def _gptq_update(axis: int | None, device: str, columns: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """ModelOpt's GPTQ column loop on one random Linear with a max-calibrated FP8 weight quantizer (per tensor or per
-    output row), as ModelOpt runs it or through :func:`release.recipes.gptq.columnwise`; and round-to-nearest."""
+    output row), as ModelOpt runs it or through :func:`release.recipes.gptq.faster_update` (column-wise on the CPU,
+    the fused kernel on CUDA; blocks of 48 columns and a last one of 8: masked tiles); and round-to-nearest."""
     from modelopt.torch.quantization.nn import TensorQuantizer
     from modelopt.torch.quantization.utils import calib_utils
 
-    from release.recipes.gptq import columnwise
+    from release.recipes.gptq import faster_update
 
     torch.manual_seed(3)
     weight = torch.randn(96, 200, device=device) * torch.logspace(-2, 1, 200, device=device)  # mixed magnitudes
@@ -215,22 +216,23 @@ def _gptq_update(axis: int | None, device: str, columns: bool) -> tuple[torch.Te
     quantizer.amax = (weight.abs().amax(dim=1, keepdim=True) if axis == 0 else weight.abs().amax()).to(torch.bfloat16)
     w = weight.clone()
     if columns:
-        with columnwise():
-            calib_utils.gptq_blockwise_update(w, h_inv, 64, quantizer)
+        with faster_update():
+            calib_utils.gptq_blockwise_update(w, h_inv, 48, quantizer)
     else:
-        calib_utils.gptq_blockwise_update(w, h_inv, 64, quantizer)
+        calib_utils.gptq_blockwise_update(w, h_inv, 48, quantizer)
     return w, quantizer(weight)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA (ModelOpt's fake-quant kernel)"))])
+    not torch.cuda.is_available(), reason="needs CUDA (ModelOpt's fake-quant kernel, the fused Triton kernel)"))])
 @pytest.mark.parametrize("axis", [None, 0], ids=["per-tensor", "per-channel"])
-def test_gptq_quantizing_one_column_at_a_time_is_modelopts_update_bit_for_bit(axis: int | None, device: str) -> None:
+def test_gptq_faster_update_is_modelopts_update_bit_for_bit(axis: int | None, device: str) -> None:
     from modelopt.torch.quantization.utils import calib_utils
 
-    update = calib_utils.gptq_blockwise_update
+    update, log = calib_utils.gptq_blockwise_update, calib_utils.GPTQHelper._print_mse_error
     (ours, rtn), (theirs, _) = _gptq_update(axis, device, columns=True), _gptq_update(axis, device, columns=False)
-    assert calib_utils.gptq_blockwise_update is update  # the context put ModelOpt's function back
+    assert calib_utils.gptq_blockwise_update is update  # the context put ModelOpt's functions back
+    assert calib_utils.GPTQHelper._print_mse_error is log
     assert (theirs != rtn).float().mean() > 0.1  # GPTQ chose other codes than round-to-nearest for many weights
     assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))
 
@@ -256,7 +258,7 @@ def test_gptq_keeps_modelopts_whole_matrix_quantization_for_a_quantizer_that_is_
     from modelopt.torch.quantization.nn import TensorQuantizer
     from modelopt.torch.quantization.utils import calib_utils
 
-    from release.recipes.gptq import columnwise, elementwise
+    from release.recipes.gptq import elementwise, faster_update
 
     torch.manual_seed(4)
     weight = torch.randn(32, 64) * torch.logspace(-2, 1, 64)
@@ -266,9 +268,42 @@ def test_gptq_keeps_modelopts_whole_matrix_quantization_for_a_quantizer_that_is_
     dynamic.num_bits, dynamic.axis = (4, 3), None
     assert not elementwise(dynamic)
     ours, theirs = weight.clone(), weight.clone()
-    with columnwise():
+    with faster_update():
         calib_utils.gptq_blockwise_update(ours, h_inv, 16, dynamic)
     calib_utils.gptq_blockwise_update(theirs, h_inv, 16, dynamic)
     assert torch.equal(ours, theirs)
     dynamic.amax = weight.abs().amax()
     assert elementwise(dynamic)
+
+
+@pytest.mark.parametrize("axis", [None, 0], ids=["per-tensor", "per-channel"])
+def test_the_fused_kernels_scales_are_modelopts_fake_quantization(axis: int | None) -> None:
+    """The fused GPTQ kernel quantizes ``x * scale`` and multiplies by ``1 / scale``: with the scales of
+    :func:`release.recipes.gptq.fp8_scales` that is the quantizer's own output, bit for bit (here ModelOpt's eager
+    arithmetic on the CPU, amax in bf16 as ModelOpt keeps it, one amax tiny enough to count as zero)."""
+    from modelopt.torch.quantization.nn import TensorQuantizer
+
+    from release.recipes.gptq import fp8_scales, fused
+
+    torch.manual_seed(5)
+    weight = torch.randn(64, 96) * torch.logspace(-3, 2, 96)
+    weight[7] = 1e-9  # its own amax is below 2^-24: ModelOpt takes 1
+    quantizer = TensorQuantizer()
+    quantizer.num_bits, quantizer.axis = (4, 3), axis
+    quantizer.amax = (weight.abs().amax(dim=1, keepdim=True) if axis == 0 else weight.abs().amax()).bfloat16()
+    scale, inv = fp8_scales(quantizer)
+    ours = (weight * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * inv
+    assert torch.equal(ours.view(torch.int32), quantizer(weight).view(torch.int32))
+    assert not fused(quantizer, weight)  # a CPU weight: the column-wise loop
+
+
+def test_gptq_skips_modelopts_printed_error_only_for_the_duration() -> None:
+    """ModelOpt's per-Linear log multiplies the weights by the Hessian twice to print a figure the build silences."""
+    from modelopt.torch.quantization.utils import calib_utils
+
+    from release.recipes.gptq import faster_update
+
+    with faster_update():
+        assert calib_utils.GPTQHelper._print_mse_error(object(), None) is None
+    with pytest.raises(AttributeError):  # ModelOpt's own reads the module's weight
+        calib_utils.GPTQHelper._print_mse_error(object(), None)

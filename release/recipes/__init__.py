@@ -76,7 +76,7 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
             step.before(ctx)
     weighing = changes_weights(build)  # the weights the weight step starts from, and their inputs
     weights = state_dict(model) if weighing else {}  # offloaded weights (a bounded build) read from their copies
-    start = {n: weights[f"{n}.weight"].detach().cpu().clone() for n in names} if weighing else {}
+    start = {n: weights[f"{n}.weight"].detach().to("cpu", copy=True) for n in names} if weighing else {}
     rows = _input_rows(model, names, algorithm_calls) if weighing else {}
     for step in recipe:  # tuned AutoRound
         if step.changes_weights(build):
@@ -135,29 +135,31 @@ def _input_rows(model: torch.nn.Module, names: list[str], calls: list[dict[str, 
     return {n: torch.cat(r) for n, r in rows.items() if r}
 
 
-def _rtn(weight: torch.Tensor, build: BuildConfig, arithmetic: str) -> torch.Tensor:
+def _rtn(weight: torch.Tensor, build: BuildConfig, arithmetic: str, device: str) -> torch.Tensor:
     """Round-to-nearest of ``weight`` in the build's scheme, dequantized (what ModelOpt's max calibration and
     compress make of it)."""
     w = weight.to(torch.bfloat16)
     amax = w.abs().amax(dim=1, keepdim=True) if build.scheme == per_channel.SCHEME else w.abs().amax()
-    return dequantize(*weight_codes(w, amax, arithmetic))
+    return dequantize(*weight_codes(w, amax, arithmetic, device))
 
 
 def reconstruction(model: torch.nn.Module, build: BuildConfig, start: dict[str, torch.Tensor],
                    rows: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
     """Per quantized Linear, on calibration rows X of the algorithm calls: the relative output error
     ``|X Wq^T - X W^T|^2 / |X W^T|^2`` of the build's FP8 weight Wq and of round-to-nearest's, W the weight before the
-    weight step, and the relative weight error ``|Wq - W| / |W|`` (Frobenius)."""
-    arithmetic = build.arithmetic if build.arithmetic != "native" else execution_device(model)
+    weight step, and the relative weight error ``|Wq - W| / |W|`` (Frobenius). Computed where the model computes, one
+    Linear at a time (BENCHMARKS.md: on the CPU it was most of a GPTQ build's quantization at the Nano's size)."""
+    device = execution_device(model)
+    arithmetic = build.arithmetic if build.arithmetic != "native" else device
     weights = state_dict(model)
     table = []
     for name, w0 in start.items():
         module: Any = model.get_submodule(name)
-        w = w0.float()
+        w = w0.to(device).float()
         built = dequantize(*weight_codes(weights[f"{name}.weight"].detach(), module.weight_quantizer.amax.detach(),
-                                         arithmetic))
-        rtn = _rtn(w0, build, arithmetic)
-        x = rows[name].float()
+                                         arithmetic, device))
+        rtn = _rtn(w, build, arithmetic, device)
+        x = rows[name].to(device).float()
         ref = x @ w.T
         energy = float((ref**2).sum()) or 1e-30
         table.append({"linear": name, "error": float(((x @ built.T - ref) ** 2).sum()) / energy,

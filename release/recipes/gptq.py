@@ -8,17 +8,19 @@ algorithm calls (the seed: 256 calls for the scales, 32 for the algorithm); obse
 it, both passes on the calibration calls.
 
 ModelOpt's column loop (``gptq_blockwise_update``) fake-quantizes the whole weight matrix for each column and keeps
-that one column: a Linear costs in_features x out_features x in_features element operations. The scheme's weight
+that one column: a Linear costs in_features x out_features x in_features element operations, and on a GPU each column
+costs its launches and Python besides (0.34 ms; the Nano's 504 Linears took 897 s on an H200). The scheme's weight
 quantizers are elementwise with a calibrated amax (one per tensor or per output row), so the column quantized alone is
-the same bits; :func:`columnwise` runs ModelOpt's loop unchanged with a quantizer that does only that. It is what a
-CPU needs (9-26x faster per Linear). On an H200 the whole-matrix quantization is not the cost: the Nano's 504 Linears
-took 897 s with ModelOpt's loop and 952 s column-wise, both bound by the loop's per-column launches and Python
-(0.33 ms a column), so a GPU build keeps ModelOpt's loop as it is (BENCHMARKS.md).
+the same bits, and :func:`faster_update` runs the same loop faster, with the same bits: on a CPU ModelOpt's loop with a
+quantizer that quantizes only the column it is asked for (:class:`Columns`, 9-26x); on a CUDA GPU that converts to FP8
+(compute capability 8.9 or later) with Triton, one fused launch per block of columns
+(:mod:`release.recipes.gptq_triton`: the Nano's 504 Linears in 5.8 s instead of 1,096 s on an H200, the same bits).
+Any other quantizer keeps ModelOpt's loop as it is.
 """
 
 from __future__ import annotations
 
-import contextlib
+import importlib.util
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -61,24 +63,56 @@ def elementwise(quantizer: Any) -> bool:
     return bool(amax.numel() == 1 or (amax.dim() == 2 and amax.shape[1] == 1))
 
 
+def fp8_scales(quantizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scale`` and ``1 / scale`` as ModelOpt's FP8 fake quantization computes them from the quantizer's amax (an amax
+    at or below 2^-24 taken as 1): its CUDA extension divides 448 by the amax, its eager fallback (no extension built)
+    multiplies the amax's reciprocal by 448 (Python's ``448.0 / tensor``), which can differ in the last bit."""
+    from modelopt.torch.quantization.extensions import get_cuda_ext_fp8
+
+    amax = quantizer.amax.float()
+    amax = torch.where(amax <= 1.0 / (1 << 24), torch.ones_like(amax), amax)
+    if get_cuda_ext_fp8(raise_if_failed=False) is not None:
+        scale = torch.full_like(amax, 448.0).div_(amax)
+        return scale, torch.full_like(scale, 1.0).div_(scale)
+    scale = 448.0 / amax
+    return scale, 1 / scale
+
+
+def fused(quantizer: Any, weight: torch.Tensor) -> bool:
+    """Whether :mod:`release.recipes.gptq_triton` updates ``weight``: an elementwise FP8 E4M3 quantizer, an fp32 weight
+    on a CUDA GPU that converts to FP8 (8.9 or later), and Triton installed."""
+    return (elementwise(quantizer) and tuple(getattr(quantizer, "num_bits", ())) == (4, 3)
+            and weight.is_cuda and weight.dtype == torch.float32
+            and torch.cuda.get_device_capability(weight.device) >= (8, 9)
+            and importlib.util.find_spec("triton") is not None)
+
+
 @contextmanager
-def columnwise() -> Iterator[None]:
-    """ModelOpt's GPTQ with its column loop's quantizer replaced by :class:`Columns` (for the duration)."""
+def faster_update() -> Iterator[None]:
+    """ModelOpt's GPTQ with its column loop run by the fused kernel or with :class:`Columns`, and without its
+    per-Linear log of the Hessian-weighted error (two products of the weight and the Hessian, only printed, and the
+    build silences ModelOpt's output: 7.2 s of the Nano's GPTQ build on an H200), for the duration."""
     from modelopt.torch.quantization.utils import calib_utils
 
-    update = calib_utils.gptq_blockwise_update
+    update, log = calib_utils.gptq_blockwise_update, calib_utils.GPTQHelper._print_mse_error
 
     def blockwise(weight: torch.Tensor, h_inv: torch.Tensor, block_size: int, quantize_fn: Any) -> None:
-        if not elementwise(quantize_fn):
+        if fused(quantize_fn, weight):
+            from release.recipes import gptq_triton
+
+            gptq_triton.update(weight, h_inv, block_size, *fp8_scales(quantize_fn))
+        elif elementwise(quantize_fn) and not weight.is_cuda:
+            update(weight, h_inv, block_size, lambda w: Columns(quantize_fn, w))
+        else:  # on a GPU the column alone is no faster (0.9x on an H200): the cost is the loop's launches
             update(weight, h_inv, block_size, quantize_fn)
-            return
-        update(weight, h_inv, block_size, lambda w: Columns(quantize_fn, w))
 
     calib_utils.gptq_blockwise_update = blockwise
+    calib_utils.GPTQHelper._print_mse_error = lambda self, hessian: None
     try:
         yield
     finally:
         calib_utils.gptq_blockwise_update = update
+        calib_utils.GPTQHelper._print_mse_error = log
 
 
 class Gptq(Step):
@@ -96,8 +130,4 @@ class Gptq(Step):
                 "layerwise": {"enable": g.layerwise}}
 
     def calibrating(self, build: BuildConfig) -> Any:
-        # On a CPU the whole matrix per column is the cost (9-26x); on an H200 it is not, the loop's per-column
-        # launches and Python are, and the column-wise quantizer measured 0.9x there (BENCHMARKS.md)
-        from release.policy import compute_device
-
-        return columnwise() if compute_device() == "cpu" else contextlib.nullcontext()
+        return faster_update()
