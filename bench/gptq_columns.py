@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 SHAPES = {"q/o": (4096, 4096, 144), "k/v": (4096, 1024, 144), "gate/up": (4096, 12288, 144),
-          "down": (12288, 4096, 72)}  # in, out, Linears in the Nano
+          "down": (12288, 4096, 72),  # in, out, Linears in the Nano
+          "odd": (1000, 200, 0)}  # not the Nano's: a last block of 104 columns and a partial tile of rows
 
 
 def _sync(device: str) -> None:
