@@ -9,8 +9,8 @@ of ModelOpt's loop in the same order, each rounded as CUDA rounds it (``x * scal
 and saturation, times ``1 / scale``; the error's IEEE division by the diagonal; the update as ``torch.addr``'s
 ``self + (-err) * h``, the product rounded before the sum), with Triton's contraction of multiply-adds off so that
 nothing is fused that PyTorch rounds twice. On an H200 the update as one fused multiply-add changed up to 0.08% of
-the weights, the product rounded first none (bench/gptq_columns.py). The update of the columns after the block stays
-ModelOpt's ``addmm_`` on the same error matrix.
+the weights, the product rounded first none (BENCHMARKS.md, "GPTQ's fused FP8 kernel"). The update of the columns
+after the block stays ModelOpt's ``addmm_`` on the same error matrix.
 
 Imported only on a CUDA machine with Triton (``release.recipes.gptq``)."""
 
