@@ -12,10 +12,15 @@
 #      $CAP (default 22GiB) on a GPU limited to $GPU_GIB (default 24) GiB by bench/gpu_capped.py, with their own
 #      cache (capture and rollouts anew), compared byte for byte with the uncapped run's (after build, and eval;
 #      capped-eval evaluates the capped build, so capped-build comes first);
-#   7. gptq: ModelOpt's GPTQ column loop against the column-wise one at the Nano's shapes (bench/gptq_columns.py).
+#   7. gptq: ModelOpt's GPTQ column loop against the column-wise one at the Nano's shapes (bench/gptq_columns.py);
+#   8. sweep-start, sweep-wait: `release build --all` (bench/gpu_sweep.sh), started in the background and waited for
+#      up to $WAIT seconds (default 540) per command, then stopped with SIGTERM if $STOP is set; its reports, log and
+#      profile into OUT once it is done.
 # Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]
-#   steps: setup floor build eval profile capped-build capped-eval gptq (default: the first five)
-#   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from release init), FIXTURE_ARGS, CAP, GPU_GIB
+#   steps: setup floor build eval profile capped-build capped-eval gptq sweep-start sweep-wait (default: the first
+#   five)
+#   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from release init), FIXTURE_ARGS, CAP, GPU_GIB, WAIT,
+#   STOP
 set -euo pipefail
 wheels=$(realpath "$1") work=$(realpath -m "$2") out=$(realpath -m "$3")
 shift 3
@@ -86,6 +91,27 @@ for step in $steps; do
       done
       for f in dist-capped/*/results/*.perf.json; do cp "$f" "$out/capped-$(basename "$f")"; done
       same dist dist-capped ;;
+    sweep-start)
+      # the sweep (bench/gpu_sweep.sh) in a process session of its own, which outlives this command while the GPU
+      # machine is held; sweep-wait follows it across commands (one is limited to 10 minutes)
+      # (a copy: bash reads a script as it runs, and the checkout may be replaced meanwhile)
+      cp "$here/gpu_sweep.sh" "$work/gpu_sweep.sh"
+      setsid nohup env BUILDS_DIR="${BUILDS_DIR:-}" bash "$work/gpu_sweep.sh" "$work" >"$work/sweep.out" 2>&1 \
+        </dev/null &
+      echo "| sweep started |" | tee -a "$out/times.md" ;;
+    sweep-wait)
+      SECONDS=0
+      while [ ! -f sweep/done ] && [ $SECONDS -lt "${WAIT:-540}" ]; do sleep 5; done
+      if [ ! -f sweep/done ] && [ -n "${STOP:-}" ]; then
+        # SIGTERM, which the tool handles as Ctrl-C: the build in progress is left out, the profile keeps what ran
+        # (SIGINT would not do: a command started in the background by a script ignores it)
+        pkill -TERM -f 'release( --builds [^ ]+)? build --all' || true
+        for _ in $(seq 60); do [ -f sweep/done ] && break; sleep 1; done
+      fi
+      cp sweep/reports.txt "$out/sweep-reports.txt" 2>/dev/null || true
+      tail -c 200000 sweep/log.txt >"$out/sweep-log.txt" 2>/dev/null || true
+      cp sweep/profile.json "$out/sweep-profile.json" 2>/dev/null || true  # rewritten as each outer stage ends
+      if [ -f sweep/done ]; then tar -C sweep -czf "$out/sweep-kept.tgz" kept; fi ;;
     gptq)
       timed "GPTQ column loop, ModelOpt's vs column-wise" bash -c \
         "venv/bin/python '$here/gptq_columns.py' 1 cuda >'$out/gptq_columns.txt'" ;;

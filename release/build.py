@@ -204,6 +204,7 @@ def run_builds(request: BuildRequest) -> bool:
     from release.export import export_build
     from release.policy import compute_device, map_tensors
     from release.recipes import changes_weights, max_weight_error, quantize, steps
+    from release.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 
     config = check_architecture(request.source)
     revision = request.identity.revision
@@ -220,7 +221,18 @@ def run_builds(request: BuildRequest) -> bool:
     device = compute_device()
     with stage("load the source"):
         source = SourceModel(request.source)
-    mine = world().share(request.builds)
+    # the reference first: in one process every other build is then verified against it as soon as it is made (a
+    # sweep's builds need not all be on disk at once); under torchrun a rank that does not make the reference
+    # verifies its builds once every rank is done
+    builds = sorted(request.builds, key=lambda b: b.name != REFERENCE_BUILD)
+    reference_ready = REFERENCE_BUILD not in {b.name for b in builds}
+    verifier, ok, later = Verifier(), True, []
+
+    def verification(build: BuildConfig) -> VerifyRequest:
+        return VerifyRequest.create(build.name, request.out, None, request.source, request.observations,
+                                    require_reference=False)
+
+    mine = world().share(builds)
     with _progress() as progress:
         task = progress.add_task(f"{world().tag}builds", total=len(mine))
         for build in mine:
@@ -275,9 +287,13 @@ def run_builds(request: BuildRequest) -> bool:
                 })
                 del quantized, on_device, model
             progress.console.print(f"  {exported['quantized_linears']} FP8 Linears written")
+            reference_ready |= build.name == REFERENCE_BUILD
+            if reference_ready:
+                ok &= verifier(verification(build))
+            else:
+                later.append(build)
             progress.advance(task)
     world().barrier()  # the RTN build, the others' reference, is in place
-    from release.verify import VerifyRequest, verify_builds
-
-    return verify_builds([VerifyRequest.create(b.name, request.out, None, request.source, request.observations,
-                                               require_reference=False) for b in request.builds])
+    for build in later:
+        ok &= verifier(verification(build))
+    return world().all_true(ok)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,15 @@ from release import ReleaseError, __version__
 DEBUG_ENV = "RELEASE_DEBUG"
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a job scheduler, torchrun stopping the other ranks) ends a command as Ctrl-C does: what it
+    was writing is removed, its outputs are left whole and ``RELEASE_PROFILE`` keeps what ran."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
 class _Group(click.Group):
     """Turns every error into one line on stderr; tracebacks only with ``RELEASE_DEBUG=1``."""
 
@@ -22,6 +33,10 @@ class _Group(click.Group):
         from release import profile
         from release.distributed import world
 
+        main_thread = threading.current_thread() is threading.main_thread()  # where signals are delivered
+        previous = signal.getsignal(signal.SIGTERM)
+        if main_thread:
+            signal.signal(signal.SIGTERM, _terminate)
         try:
             result = super().invoke(ctx)
         except ReleaseError as exc:
@@ -31,9 +46,9 @@ class _Group(click.Group):
             sys.exit(exc.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             click.echo("interrupted; outputs were left untouched, rerun to resume", err=True)
-            sys.exit(130)
+            sys.exit(128 + signal.SIGTERM if isinstance(exc, _Terminated) else 130)
         except Exception as exc:  # a bug, not bad input: say so, keep the traceback for RELEASE_DEBUG=1
             if os.environ.get(DEBUG_ENV) == "1":
                 raise
@@ -47,6 +62,8 @@ class _Group(click.Group):
             sys.exit(1)
         finally:
             profile.report(str(ctx.invoked_subcommand), world().rank)
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         if ctx.invoked_subcommand in USES_BUILDS and world().main:  # after the work: an error stays one line
             from release.config import builds_source
 
@@ -90,11 +107,12 @@ def main(ctx: click.Context, builds: Path | None) -> None:
     """Build, verify, document and publish FP8 builds of Cosmos3-Nano-Policy-DROID."""
     from release import config
     from release.distributed import join
-    from release.profile import check_target
+    from release.profile import begin, check_target
 
     _quiet_libraries()
     check_target()
-    join(ctx.invoked_subcommand)  # torchrun: the process group, before any work
+    rank = join(ctx.invoked_subcommand).rank  # torchrun: the process group, before any work
+    begin(str(ctx.invoked_subcommand), rank)
     config.BUILDS_OPTION.clear()  # one process may run several commands (tests, notebooks)
     if builds is not None:
         if not (builds / "release.yaml").is_file():

@@ -143,8 +143,8 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
     with stage("export: compress (ModelOpt)"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mtq.compress(model)  # FP8 codes = (w / (amax / 448)) with the quotient in bf16, as ModelOpt's GEMM expects
-    with stage("export: state to the CPU"):
-        state = {k: v.detach().as_subclass(torch.Tensor).contiguous().cpu() for k, v in model.state_dict().items()}
+    # where the model is: the copies to the CPU overlap the writing of the shards (below)
+    state = {k: v.detach().as_subclass(torch.Tensor).contiguous() for k, v in model.state_dict().items()}
     for name in names:
         module: Any = model.get_submodule(name)  # a ModelOpt QuantLinear
         if state[f"{name}.weight"].dtype != torch.float8_e4m3fn:
@@ -171,16 +171,21 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
         state, filename_pattern="diffusion_pytorch_model{suffix}.safetensors",
         max_shard_size=_shard_size(source.folder / "transformer"),
     )
-    # the codes' sha256 (one stream of all FP8 weights) runs in a thread while the shards are written: hashlib
-    # releases the GIL on large buffers
-    with ThreadPoolExecutor(1) as pool:
-        hashing = pool.submit(_codes_sha256, state, names)
-        with stage("export: write the shards"):
-            for filename, keys in split.filename_to_tensors.items():
-                save_file({k: state[k] for k in sorted(keys)}, str(tdir / filename), metadata={"format": "pt"})
+    shards = sorted(split.filename_to_tensors.items())
+    with ThreadPoolExecutor(1) as copier, ThreadPoolExecutor(1) as hasher:
+        # one shard's tensors reach the CPU while the one before is written; the codes' sha256 (one stream of all
+        # FP8 weights, hashlib releases the GIL on large buffers) runs once all of them are there
+        copies = [copier.submit(_to_host, state, keys) for _, keys in shards]
+        host: dict[str, torch.Tensor] = {}
+        with stage("export: state to the CPU, write the shards"):
+            for (filename, keys), copy in zip(shards, copies, strict=True):
+                host.update(copy.result())
+                save_file({k: host[k] for k in sorted(keys)}, str(tdir / filename), metadata={"format": "pt"})
+                if copy is copies[-1]:
+                    hashing = hasher.submit(_codes_sha256, host, names)
         with stage("export: hash the codes (what the shard writes left)"):
             codes_sha256 = hashing.result()
-    total = sum(t.numel() * t.element_size() for t in state.values())
+    total = sum(t.numel() * t.element_size() for t in host.values())
     write_json(tdir / TRANSFORMER_INDEX,
                {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))})
     config = json.loads((source.folder / "transformer" / "config.json").read_text())
@@ -200,9 +205,19 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
         "weight_map": {k: f"transformer/{v}" for k, v in sorted(split.tensor_to_filename.items())},
     })
     return {"quantized_linears": len(names), "codes_sha256": codes_sha256,
-            "codes": sum(state[f"{n}.weight"].numel() for n in names),
-            "input_amax": {n: float(state[f"{n}.input_quantizer._amax"]) for n in sorted(names)
-                           if f"{n}.input_quantizer._amax" in state}}
+            "codes": sum(host[f"{n}.weight"].numel() for n in names),
+            "input_amax": {n: float(host[f"{n}.input_quantizer._amax"]) for n in sorted(names)
+                           if f"{n}.input_quantizer._amax" in host}}
+
+
+def _to_host(state: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.Tensor]:
+    """``state``'s tensors ``keys`` in CPU memory. From a GPU: page-locked memory, copied at the link's speed rather
+    than a pageable staging copy's (BENCHMARKS.md), the caller's GPU work done first (its current stream); torch
+    keeps the page-locked blocks for reuse by the next build's export."""
+    host = {k: state[k].to("cpu", non_blocking=True) for k in keys}
+    if any(state[k].is_cuda for k in keys):
+        torch.cuda.current_stream().synchronize()
+    return host
 
 
 def _codes_sha256(state: dict[str, Any], names: list[str]) -> str:

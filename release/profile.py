@@ -1,6 +1,8 @@
 """Where a command's time and GPU memory go: named stages, each timed with the GPU synchronised and with the peak
-GPU memory allocated while it ran. ``RELEASE_PROFILE=FILE`` writes them as JSON when the command ends (and prints a
-table); ``release eval`` keeps each rollout's measurement beside its cached actions.
+GPU memory allocated while it ran. ``RELEASE_PROFILE=FILE`` writes them as JSON as each outer stage ends (a stopped run
+keeps what ran) and when the command ends (then also as a table): each stage added up over its entries, and the
+timeline of every entry (start, seconds, peak, nesting depth); ``release eval`` keeps each rollout's measurement
+beside its cached actions.
 
 Stages may nest (a rollout inside an eval): torch has one peak counter, so entering a stage hands the peak reached
 so far to the stage around it before resetting the counter, and leaving hands its own peak up.
@@ -36,6 +38,9 @@ class Measure:
 
 _OPEN: list[Measure] = []
 _DONE: dict[str, Measure] = {}
+_TIMELINE: list[dict[str, object]] = []  # every entry of every stage, when it started: one build's parts in a sweep
+_ORIGIN = [time.perf_counter()]  # the command's start (begin), else this module's import
+_RUN: dict[str, Any] = {}  # the command and rank profiled (begin): the file is rewritten as each outer stage ends
 
 
 def _cuda() -> Any:
@@ -66,11 +71,21 @@ def stage(name: str) -> Iterator[Measure]:
             if _OPEN:
                 _OPEN[-1]._seen = max(_OPEN[-1]._seen, this.peak_bytes)
         this.seconds, this.calls = time.perf_counter() - start, 1
+        _TIMELINE.append({**this.row(), "start": round(start - _ORIGIN[0], 3), "depth": len(_OPEN)})
         total = _DONE.setdefault(name, Measure(name))
         total.seconds += this.seconds
         total.calls += 1
         if this.peak_bytes is not None:
             total.peak_bytes = max(total.peak_bytes or 0, this.peak_bytes)
+        if not _OPEN and _RUN:  # a run stopped at any point keeps what ran
+            _write(_RUN["command"], _RUN["rank"])
+
+
+def begin(command: str, rank: int = 0) -> None:
+    """Profile ``command``: its stages' start times count from here, and the file is rewritten as each outer stage
+    ends."""
+    _RUN.update(command=command, rank=rank)
+    _ORIGIN[0] = time.perf_counter()
 
 
 def check_target() -> None:
@@ -83,23 +98,33 @@ def check_target() -> None:
                            f"{Path(target) / 'profile.json'}")
 
 
-def report(command: str, rank: int = 0) -> None:
-    """Write and print the stages of ``command`` when ``RELEASE_PROFILE`` names a file (rank N > 0: FILE.rankN);
-    either way the next command starts with none (one process may run several: tests, notebooks)."""
+def _write(command: str, rank: int) -> Path | None:
+    """The stages so far as JSON into ``RELEASE_PROFILE`` (rank N > 0: FILE.rankN); the path, or None."""
     target = os.environ.get(PROFILE_ENV)
+    if not target or not _DONE:
+        return None
+    from release.io import write_json
+
+    path = Path(target if rank == 0 else f"{target}.rank{rank}")
+    write_json(path, {"command": command, "device": device_name(), "stages": [m.row() for m in _DONE.values()],
+                      "timeline": [{k: v for k, v in e.items() if k != "calls"} for e in _TIMELINE]})
+    return path
+
+
+def report(command: str, rank: int = 0) -> None:
+    """Write and print the stages of ``command`` when ``RELEASE_PROFILE`` names a file; either way the next command
+    starts with none (one process may run several: tests, notebooks)."""
+    path = _write(command, rank)
     rows = [m.row() for m in _DONE.values()]
     _DONE.clear()
-    if not target or not rows:
+    _TIMELINE.clear()
+    _RUN.clear()
+    if path is None:
         return
     from rich.console import Console
     from rich.table import Table
 
-    from release.io import write_json
-
-    path = Path(target if rank == 0 else f"{target}.rank{rank}")
-    device = device_name()
-    write_json(path, {"command": command, "device": device, "stages": rows})
-    table = Table(title=f"release {command}: stages ({device}) -> {path}", title_justify="left")
+    table = Table(title=f"release {command}: stages ({device_name()}) -> {path}", title_justify="left")
     for column in ("stage", "seconds", "calls", "peak GiB"):
         table.add_column(column, justify="left" if column == "stage" else "right")
     for r in rows:

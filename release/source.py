@@ -204,10 +204,8 @@ class SourceModel:
         import torch
         from diffusers import Cosmos3OmniTransformer
 
-        from release.recipes.base import check_finite
-
         model = Cosmos3OmniTransformer.from_pretrained(str(folder / "transformer"), dtype=torch.bfloat16)
-        check_finite(model, folder)
+        self.checked = False  # the weights' finiteness, checked where the first build places them (a GPU is faster)
         self.folder = folder
         self.config = dict(model.config)
         self.state = {k: v.detach() for k, v in model.state_dict().items()}  # time_embedder stays fp32
@@ -228,4 +226,10 @@ class SourceModel:
             model = Cosmos3OmniTransformer.from_config(self.config)
         copy = weights is None or not share
         model.load_state_dict({k: v.to(home, copy=copy) for k, v in state.items()}, strict=True, assign=True)
-        return (place(model, device) if bounded else model.to(device)).eval()
+        model = (place(model, device) if bounded else model.to(device)).eval()
+        if weights is None and not self.checked:
+            from release.recipes.base import check_finite
+
+            check_finite(model, self.folder)
+            self.checked = True
+        return model

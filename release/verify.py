@@ -78,6 +78,9 @@ class Report(BaseModel):
     after_verification: list[str] = Field(description="patterns of the files card and eval add afterwards")
 
 
+REFERENCE_BUILD = "rtn"  # NVIDIA's recipe: the reference of the layout checks when no --reference is given
+
+
 @dataclass(frozen=True)
 class VerifyRequest:
     release: ReleaseConfig
@@ -98,7 +101,7 @@ class VerifyRequest:
             raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
         ref: Path | None
         if reference is None:
-            rtn = next((s for s in release.siblings if s.build == "rtn"), None)
+            rtn = next((s for s in release.siblings if s.build == REFERENCE_BUILD), None)
             ref = dist / rtn.repo if rtn is not None else None
             if not require_reference and ref is not None and not ref.is_dir():
                 ref = None
@@ -588,7 +591,8 @@ def file_manifest(folder: Path) -> dict[str, FileEntry]:
 def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | None = None) -> list[Check]:
     """Run every check, write ``verification/report.{json,md}`` into the build folder, return the checks
     (``source_tensors``: the source's transformer tensors, when several builds of one source are verified)."""
-    manifest = file_manifest(request.folder)  # before the checks: a file changed while they run fails the push
+    with stage("verify: hash the files"):
+        manifest = file_manifest(request.folder)  # before the checks: a file changed while they run fails the push
     checks: list[Check] = []
     runners: list[tuple[str, Callable[[], Check]]] = []
     if request.reference is not None:
@@ -688,25 +692,38 @@ def gate(folder: Path, report: Report | None) -> str | None:
     return None
 
 
-def verify_builds(requests: list[VerifyRequest]) -> bool:
-    """Verify each build and print its summary; True when no check of any build failed (skipped ones are shown).
-    Under torchrun each rank verifies its share and all get the same answer."""
-    from rich.console import Console
+class Verifier:
+    """Verifies builds and prints each summary, reading each source's transformer once however many builds of it
+    it verifies."""
 
-    from release.distributed import world
+    def __init__(self) -> None:
+        from rich.console import Console
 
-    console = Console(width=160)
-    ok = True
-    sources: dict[Path, dict[str, torch.Tensor]] = {}
-    for request in world().share(requests):
-        if request.source not in sources:  # each source read once, however many builds of it are verified
-            sources.clear()
+        self.console = Console(width=160)
+        self.sources: dict[Path, dict[str, torch.Tensor]] = {}
+
+    def __call__(self, request: VerifyRequest) -> bool:
+        """Verify one build; True when no check failed (skipped ones are shown)."""
+        if request.source not in self.sources:
+            self.sources.clear()
             problems: list[str] = []
             with stage("verify: read the source"):
                 tensors = _tensors(request.source / "transformer", problems)
             if not problems:
-                sources[request.source] = tensors
-        checks = verify(request, sources.get(request.source))
-        console.print(summary_table(request, checks))
-        ok &= all(c.status != "failed" for c in checks)
+                self.sources[request.source] = tensors
+        with stage(f"verify {request.build.name}"):
+            checks = verify(request, self.sources.get(request.source))
+        self.console.print(summary_table(request, checks))
+        return all(c.status != "failed" for c in checks)
+
+
+def verify_builds(requests: list[VerifyRequest]) -> bool:
+    """Verify each build; True when no check of any build failed. Under torchrun each rank verifies its share and
+    all get the same answer."""
+    from release.distributed import world
+
+    verifier = Verifier()
+    ok = True
+    for request in world().share(requests):
+        ok &= verifier(request)
     return world().all_true(ok)

@@ -129,15 +129,40 @@ def test_second_build_reuses_calibration_and_is_identical(rtn_build: Path, tiny:
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["command"] == "build" and profile["device"] == "cpu"
     stages = {s["stage"]: s for s in profile["stages"]}
-    assert list(stages)[:4] == ["load the calibration capture", "load the source", "instantiate the BF16 transformer",
-                                "quantize (recipe, calibration)"]
-    assert {"export: compress (ModelOpt)", "export: write the shards", "build rtn", "verify: read the source",
-            "verify: values", "verify: loadable"} <= set(stages)
+    assert list(stages)[:6] == ["load the calibration capture", "load the source", "instantiate the BF16 transformer",
+                                "quantize: observer pass", "quantize: ModelOpt", "quantize (recipe, calibration)"]
+    assert {"export: compress (ModelOpt)", "export: state to the CPU, write the shards", "build rtn",
+            "verify: read the source", "verify: hash the files", "verify: values", "verify: loadable",
+            "verify rtn"} <= set(stages)
     assert "capture: rollouts" not in stages  # the capture was cached
     assert all(s["calls"] == 1 and s["seconds"] >= 0 and s["peak_gib"] is None for s in stages.values())
-    inner = sum(stages[s]["seconds"] for s in stages if s.startswith(("instantiate", "quantize", "export")))
+    inner = sum(stages[s]["seconds"] for s in stages if s.startswith(("instantiate", "quantize (", "export")))
     assert inner <= stages["build rtn"]["seconds"]
+    # the timeline: every entry in the order it ended, with its start and nesting; the build's parts inside it
+    timeline = profile["timeline"]
+    assert [e["stage"] for e in timeline] == list(stages)  # each stage entered once here
+    build = next(e for e in timeline if e["stage"] == "build rtn")
+    parts = [e for e in timeline if e["stage"].startswith(("quantize", "export"))]
+    assert all(build["start"] <= e["start"] and e["depth"] > build["depth"] for e in parts)
+    assert all(e["start"] + e["seconds"] <= build["start"] + build["seconds"] + 1e-3 for e in parts)
     assert "release build: stages (cpu)" in result.output
+
+
+def test_the_reference_is_built_first_and_each_build_verified_as_it_is_made(tiny: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The RTN build, the others' reference, comes first whatever the order asked; every build is verified right
+    after it is made, against it (a sweep's builds need not all be on disk at once)."""
+    monkeypatch.setenv("RELEASE_PROFILE", str(tmp_path / "profile.json"))
+    dist = tmp_path / "dist"
+    result = invoke("build", "rtn_mavg", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", dist)
+    assert result.exit_code == 0, result.output
+    timeline = json.loads((tmp_path / "profile.json").read_text())["timeline"]
+    per_build = [e["stage"] for e in timeline if e["stage"].startswith(("build ", "verify ")) and ":" not in e["stage"]]
+    assert per_build == ["build rtn", "verify rtn", "build rtn_mavg", "verify rtn_mavg"]
+    report = json.loads((dist / "Cosmos3-Nano-Policy-DROID-FP8-RTN-MovingAvgObserver" / "verification" /
+                         "report.json").read_text())
+    assert report["reference"] == "Cosmos3-Nano-Policy-DROID-FP8" and report["status"] == "passed"
 
 
 @pytest.mark.parametrize("args, message", [

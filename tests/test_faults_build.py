@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -199,3 +200,27 @@ def test_same_inputs_give_byte_identical_builds(tiny: Path, cheap_builds: Path, 
     assert len(one) > 3 * 20 and {p.split("/")[0] for p in one} >= {REPO, f"{REPO}-SmoothQuant"}
     assert sorted(one) == sorted(two)
     assert [p for p in one if one[p] != two[p]] == []
+
+
+def test_a_terminated_build_leaves_no_output_and_keeps_its_profile(tiny: Path, tmp_path: Path) -> None:
+    """SIGTERM (``kill``, a scheduler, torchrun stopping a rank) ends `release build` as Ctrl-C does: exit 143, the
+    one-line notice, no build folder nor temporary, and RELEASE_PROFILE holds the stages that had ended (it is
+    rewritten as each outer stage ends)."""
+    dist, profile, log = tmp_path / "dist", tmp_path / "profile.json", tmp_path / "stderr.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RELEASE_PROFILE": str(profile),
+           "RELEASE_CACHE": str(tmp_path / "cache")}  # an empty cache: the capture's rollouts come first
+    with log.open("w") as stderr:
+        child = subprocess.Popen([sys.executable, "-m", "release", "build", "rtn", "--source", str(tiny / "source"),
+                                  "--observations", str(tiny / "observations"), "--out", str(dist)],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        deadline = time.monotonic() + 300
+        while not profile.exists():  # the first outer stage has ended: the capture is under way
+            assert child.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "no profile written"
+            time.sleep(0.02)
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=300) == 128 + signal.SIGTERM, log.read_text()
+    assert "interrupted; outputs were left untouched, rerun to resume" in log.read_text()
+    assert not dist.exists() or os.listdir(dist) == []
+    stages = [s["stage"] for s in json.loads(profile.read_text())["stages"]]
+    assert stages and "build rtn" not in stages

@@ -276,25 +276,30 @@ def test_gptq_keeps_modelopts_whole_matrix_quantization_for_a_quantizer_that_is_
     assert elementwise(dynamic)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (ModelOpt's fake-quant extension)"))])
 @pytest.mark.parametrize("axis", [None, 0], ids=["per-tensor", "per-channel"])
-def test_the_fused_kernels_scales_are_modelopts_fake_quantization(axis: int | None) -> None:
+def test_the_fused_kernels_scales_are_modelopts_fake_quantization(axis: int | None, device: str) -> None:
     """The fused GPTQ kernel quantizes ``x * scale`` and multiplies by ``1 / scale``: with the scales of
-    :func:`release.recipes.gptq.fp8_scales` that is the quantizer's own output, bit for bit (here ModelOpt's eager
-    arithmetic on the CPU, amax in bf16 as ModelOpt keeps it, one amax tiny enough to count as zero)."""
+    :func:`release.recipes.gptq.fp8_scales` that is the quantizer's own output, bit for bit (ModelOpt's eager
+    arithmetic on the CPU, its extension's on a GPU where it is built; amax in bf16 as ModelOpt keeps it, one amax
+    tiny enough to count as zero). The path follows the weight's device, as ModelOpt's does: on an H200, where the
+    extension is built, this test once gave a CPU weight the extension's scales and differed in the last bit."""
     from modelopt.torch.quantization.nn import TensorQuantizer
 
     from release.recipes.gptq import fp8_scales, fused
 
     torch.manual_seed(5)
-    weight = torch.randn(64, 96) * torch.logspace(-3, 2, 96)
+    weight = (torch.randn(64, 96) * torch.logspace(-3, 2, 96)).to(device)
     weight[7] = 1e-9  # its own amax is below 2^-24: ModelOpt takes 1
     quantizer = TensorQuantizer()
     quantizer.num_bits, quantizer.axis = (4, 3), axis
     quantizer.amax = (weight.abs().amax(dim=1, keepdim=True) if axis == 0 else weight.abs().amax()).bfloat16()
-    scale, inv = fp8_scales(quantizer)
+    scale, inv = fp8_scales(quantizer, weight)
     ours = (weight * scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * inv
     assert torch.equal(ours.view(torch.int32), quantizer(weight).view(torch.int32))
-    assert not fused(quantizer, weight)  # a CPU weight: the column-wise loop
+    if device == "cpu":
+        assert not fused(quantizer, weight)  # a CPU weight: the column-wise loop
 
 
 def test_gptq_skips_modelopts_printed_error_only_for_the_duration() -> None:

@@ -19,6 +19,7 @@ from release import ReleaseError
 from release.config import BuildConfig
 from release.fp8 import dequantize, weight_codes
 from release.memory import execution_device, state_dict
+from release.profile import stage
 from release.recipes import per_channel
 from release.recipes.autoround import AutoRound
 from release.recipes.base import (
@@ -77,7 +78,10 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
     weighing = changes_weights(build)  # the weights the weight step starts from, and their inputs
     weights = state_dict(model) if weighing else {}  # offloaded weights (a bounded build) read from their copies
     start = {n: weights[f"{n}.weight"].detach().to("cpu", copy=True) for n in names} if weighing else {}
-    rows = _input_rows(model, names, algorithm_calls) if weighing else {}
+    rows: dict[str, torch.Tensor] = {}
+    if weighing:
+        with stage("quantize: input rows for the reconstruction error"):
+            rows = _input_rows(model, names, algorithm_calls)
     for step in recipe:  # tuned AutoRound
         if step.changes_weights(build):
             step.before(ctx)
@@ -86,7 +90,8 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
         register_decoder_layers()
     observer = Observer(build.calibrator, names)
     if not build.layerwise:  # ModelOpt's layer-by-layer calibration runs the calls through the model itself
-        observer.observe(model, calls)
+        with stage("quantize: observer pass"):
+            observer.observe(model, calls)
     passes = [0]
 
     @torch.no_grad()
@@ -113,14 +118,16 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
         warnings.simplefilter("ignore")  # ModelOpt prints progress and tqdm bars; errors still raise
         for step in recipe:
             steps_context.enter_context(step.calibrating(build))
-        mtq.quantize(model, quant_config(build, algorithm), forward_loop=forward_loop)
+        with stage("quantize: ModelOpt"):
+            mtq.quantize(model, quant_config(build, algorithm), forward_loop=forward_loop)
     for name, amax in observer.amax().items():
         quantizer: Any = model.get_submodule(name).input_quantizer
         quantizer.amax = amax.to(quantizer.amax.dtype)
     for step in recipe:
         step.after(ctx)
     if weighing:
-        ctx.result.reconstruction = reconstruction(model, build, start, rows)
+        with stage("quantize: reconstruction error"):
+            ctx.result.reconstruction = reconstruction(model, build, start, rows)
     return ctx.result
 
 

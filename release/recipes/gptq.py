@@ -63,15 +63,16 @@ def elementwise(quantizer: Any) -> bool:
     return bool(amax.numel() == 1 or (amax.dim() == 2 and amax.shape[1] == 1))
 
 
-def fp8_scales(quantizer: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """``scale`` and ``1 / scale`` as ModelOpt's FP8 fake quantization computes them from the quantizer's amax (an amax
-    at or below 2^-24 taken as 1): its CUDA extension divides 448 by the amax, its eager fallback (no extension built)
-    multiplies the amax's reciprocal by 448 (Python's ``448.0 / tensor``), which can differ in the last bit."""
+def fp8_scales(quantizer: Any, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scale`` and ``1 / scale`` as ModelOpt's FP8 fake quantization of ``weight`` computes them from the quantizer's
+    amax (an amax at or below 2^-24 taken as 1): for a CUDA tensor its CUDA extension, where built, divides 448 by the
+    amax; its eager path (a CPU tensor, or no extension) multiplies the amax's reciprocal by 448 (Python's
+    ``448.0 / tensor``), which can differ in the last bit (``scaled_e4m3_impl`` chooses the same way)."""
     from modelopt.torch.quantization.extensions import get_cuda_ext_fp8
 
     amax = quantizer.amax.float()
     amax = torch.where(amax <= 1.0 / (1 << 24), torch.ones_like(amax), amax)
-    if get_cuda_ext_fp8(raise_if_failed=False) is not None:
+    if weight.is_cuda and get_cuda_ext_fp8(raise_if_failed=False) is not None:
         scale = torch.full_like(amax, 448.0).div_(amax)
         return scale, torch.full_like(scale, 1.0).div_(scale)
     scale = 448.0 / amax
@@ -100,7 +101,7 @@ def faster_update() -> Iterator[None]:
         if fused(quantize_fn, weight):
             from release.recipes import gptq_triton
 
-            gptq_triton.update(weight, h_inv, block_size, *fp8_scales(quantize_fn))
+            gptq_triton.update(weight, h_inv, block_size, *fp8_scales(quantize_fn, weight))
         elif elementwise(quantize_fn) and not weight.is_cuda:
             update(weight, h_inv, block_size, lambda w: Columns(quantize_fn, w))
         else:  # not elementwise, or a GPU without the kernel: there the column alone is no faster (0.9x, H200)
