@@ -125,6 +125,9 @@ class AutoRound(Step):
         layouts: dict[int, tuple[int, Any]] = {}
         samples = _first_layer_inputs(model, ctx.algorithm_calls, layouts)
         scales: dict[str, torch.Tensor] = {}
+        # auto-round casts the whole model to float32 where it finds no bf16 support (a CPU without AVX512-BF16 or
+        # AMX); the model goes back to its own dtypes once tuned
+        dtypes = {k: v.dtype for k, v in model.state_dict().items()}
         logger = logging.getLogger("autoround")
         level, logger.level = logger.level, logging.ERROR
         try:
@@ -147,6 +150,10 @@ class AutoRound(Step):
                         del module.scale
         finally:
             logger.level = level
+        for key, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if key in dtypes and tensor.dtype != dtypes[key]:
+                tensor.grad = None  # the tuning's, in float32
+                tensor.data = tensor.data.to(dtypes[key])
         ctx.result.notes[SCALES] = scales
 
     def after(self, ctx: Context) -> None:
