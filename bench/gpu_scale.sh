@@ -13,14 +13,17 @@
 #      cache (capture and rollouts anew), compared byte for byte with the uncapped run's (after build, and eval;
 #      capped-eval evaluates the capped build, so capped-build comes first);
 #   7. gptq: ModelOpt's GPTQ column loop against the column-wise one at the Nano's shapes (bench/gptq_columns.py);
-#   8. sweep-start, sweep-wait: `release build --all` (bench/gpu_sweep.sh), started in the background and waited for
+#   8. probe: what the bytes cost alone (bench/gpu_io_probe.py: page-locked copies, sha256, shard writes and reads);
+#   9. init: `release init WORK/proj` with $CALLS calibration calls (default 64) and $ALGO_CALLS algorithm calls
+#      (default 8) in every build file, and the sweep narrowed to $SWEEP when set (pass BUILDS_DIR=WORK/proj/builds);
+#   10. sweep-start, sweep-wait: `release build --all` (bench/gpu_sweep.sh), started in the background and waited for
 #      up to $WAIT seconds (default 540) per command, then stopped with SIGTERM if $STOP is set; its reports, log and
 #      profile into OUT once it is done.
 # Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]
-#   steps: setup floor build eval profile capped-build capped-eval gptq sweep-start sweep-wait (default: the first
-#   five)
-#   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from release init), FIXTURE_ARGS, CAP, GPU_GIB, WAIT,
-#   STOP
+#   steps: setup floor build eval profile capped-build capped-eval gptq probe init sweep-start sweep-wait (default:
+#   the first five)
+#   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from init), FIXTURE_ARGS, CAP, GPU_GIB, WAIT, STOP,
+#   CALLS, ALGO_CALLS, SWEEP
 set -euo pipefail
 wheels=$(realpath "$1") work=$(realpath -m "$2") out=$(realpath -m "$3")
 shift 3
@@ -112,6 +115,25 @@ for step in $steps; do
       tail -c 200000 sweep/log.txt >"$out/sweep-log.txt" 2>/dev/null || true
       cp sweep/profile.json "$out/sweep-profile.json" 2>/dev/null || true  # rewritten as each outer stage ends
       if [ -f sweep/done ]; then tar -C sweep -czf "$out/sweep-kept.tgz" kept; fi ;;
+    probe)
+      timed "I/O probe" bash -c "venv/bin/python '$here/gpu_io_probe.py' fx/source/transformer '$work/probe' \
+        >'$out/io_probe.md'" ;;
+    init)
+      rm -rf proj
+      venv/bin/release init proj >>"$out/log.txt"
+      sed -i "s/^calibration_calls: .*/calibration_calls: ${CALLS:-64}/; s/^algorithm_calls: .*/algorithm_calls: ${ALGO_CALLS:-8}/" \
+        proj/builds/*.yaml
+      if [ -n "${SWEEP:-}" ]; then
+        python3 - proj/builds/release.yaml "$SWEEP" <<'PY'
+import re, sys
+path, names = sys.argv[1], sys.argv[2].split()
+text = open(path).read()
+text = re.sub(r"^sweep: \[[^\]]*\]", "sweep: [" + ", ".join(names) + "]", text, flags=re.M)
+open(path, "w").write(text)
+PY
+      fi
+      grep -h "^sweep\|^calibration_calls\|^algorithm_calls" proj/builds/release.yaml proj/builds/rtn.yaml \
+        | tee -a "$out/times.md" ;;
     gptq)
       timed "GPTQ column loop, ModelOpt's vs column-wise" bash -c \
         "venv/bin/python '$here/gptq_columns.py' 1 cuda >'$out/gptq_columns.txt'" ;;

@@ -220,13 +220,13 @@ def run_builds(request: BuildRequest) -> bool:
         data.calibration_calls(build), data.algorithm_calls(build)
     device = compute_device()
     with stage("load the source"):
-        source = SourceModel(request.source)
+        source = SourceModel(request.source, device)
     # the reference first: in one process every other build is then verified against it as soon as it is made (a
     # sweep's builds need not all be on disk at once); under torchrun a rank that does not make the reference
     # verifies its builds once every rank is done
     builds = sorted(request.builds, key=lambda b: b.name != REFERENCE_BUILD)
     reference_ready = REFERENCE_BUILD not in {b.name for b in builds}
-    verifier, ok, later = Verifier(), True, []
+    verifier, ok, later = Verifier(source), True, []
 
     def verification(build: BuildConfig) -> VerifyRequest:
         return VerifyRequest.create(build.name, request.out, None, request.source, request.observations,

@@ -119,8 +119,8 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
     """Write the build folder ``out``: the quantized transformer in NVIDIA's layout (or the per-channel scheme's),
     the source's other parts and ``build_files`` (the build file and release.yaml, under ``builds/``).
 
-    Returns what provenance.json records of the export: the number of quantized Linears, the sha256 of all FP8
-    codes (in tensor-name order: two builds with the same digest have byte-equal codes) and every static input
+    Returns what provenance.json records of the export: the number of quantized Linears, the digest of all FP8
+    codes (:func:`_write_shards`: two builds with the same digest have byte-equal codes) and every static input
     amax (so that the card can say how two builds' activation calibrations differ).
     """
     import modelopt.torch.opt as mto
@@ -143,7 +143,7 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
     with stage("export: compress (ModelOpt)"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mtq.compress(model)  # FP8 codes = (w / (amax / 448)) with the quotient in bf16, as ModelOpt's GEMM expects
-    # where the model is: the copies to the CPU overlap the writing of the shards (below)
+    # where the model is: each shard passes through the CPU as it is written (below)
     state = {k: v.detach().as_subclass(torch.Tensor).contiguous() for k, v in model.state_dict().items()}
     for name in names:
         module: Any = model.get_submodule(name)  # a ModelOpt QuantLinear
@@ -171,21 +171,10 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
         state, filename_pattern="diffusion_pytorch_model{suffix}.safetensors",
         max_shard_size=_shard_size(source.folder / "transformer"),
     )
-    shards = sorted(split.filename_to_tensors.items())
-    with ThreadPoolExecutor(1) as copier, ThreadPoolExecutor(1) as hasher:
-        # one shard's tensors reach the CPU while the one before is written; the codes' sha256 (one stream of all
-        # FP8 weights, hashlib releases the GIL on large buffers) runs once all of them are there
-        copies = [copier.submit(_to_host, state, keys) for _, keys in shards]
-        host: dict[str, torch.Tensor] = {}
-        with stage("export: state to the CPU, write the shards"):
-            for (filename, keys), copy in zip(shards, copies, strict=True):
-                host.update(copy.result())
-                save_file({k: host[k] for k in sorted(keys)}, str(tdir / filename), metadata={"format": "pt"})
-                if copy is copies[-1]:
-                    hashing = hasher.submit(_codes_sha256, host, names)
-        with stage("export: hash the codes (what the shard writes left)"):
-            codes_sha256 = hashing.result()
-    total = sum(t.numel() * t.element_size() for t in host.values())
+    with stage("export: state to the CPU, write the shards"):
+        codes_sha256 = _write_shards(state, sorted(split.filename_to_tensors.items()), tdir,
+                                     {f"{n}.weight" for n in names})
+    total = sum(t.numel() * t.element_size() for t in state.values())
     write_json(tdir / TRANSFORMER_INDEX,
                {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))})
     config = json.loads((source.folder / "transformer" / "config.json").read_text())
@@ -205,27 +194,69 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
         "weight_map": {k: f"transformer/{v}" for k, v in sorted(split.tensor_to_filename.items())},
     })
     return {"quantized_linears": len(names), "codes_sha256": codes_sha256,
-            "codes": sum(host[f"{n}.weight"].numel() for n in names),
-            "input_amax": {n: float(host[f"{n}.input_quantizer._amax"]) for n in sorted(names)
-                           if f"{n}.input_quantizer._amax" in host}}
+            "codes": sum(state[f"{n}.weight"].numel() for n in names),
+            "input_amax": {n: float(state[f"{n}.input_quantizer._amax"]) for n in sorted(names)
+                           if f"{n}.input_quantizer._amax" in state}}
 
 
-def _to_host(state: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.Tensor]:
-    """``state``'s tensors ``keys`` in CPU memory. From a GPU: page-locked memory, copied at the link's speed rather
-    than a pageable staging copy's (BENCHMARKS.md), the caller's GPU work done first (its current stream); torch
-    keeps the page-locked blocks for reuse by the next build's export."""
-    host = {k: state[k].to("cpu", non_blocking=True) for k in keys}
-    if any(state[k].is_cuda for k in keys):
+HASH_THREADS = 8  # hashlib releases the GIL on large buffers: the codes of a 5 GB shard in ~0.7 s (H200 machine)
+_STAGING: list[torch.Tensor] = []  # one page-locked buffer per process, reused by every build's export
+
+
+def _staging(nbytes: int) -> torch.Tensor:
+    """A page-locked buffer of at least ``nbytes``, kept for the process: page-locking fresh host memory costs as much
+    as the copy it speeds up (1.3 GB/s on the H200 machine, BENCHMARKS.md), so one shard's worth is locked once and
+    every shard of every build passes through it, at the link's speed."""
+    if not _STAGING or _STAGING[0].numel() < nbytes:
+        _STAGING[:] = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)]
+    return _STAGING[0]
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 16) * 16
+
+
+def _on_host(state: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.Tensor]:
+    """``state``'s tensors ``keys`` in CPU memory: those already there as they are, GPU ones copied into views of the
+    staging buffer (valid until the next call)."""
+    on_gpu = [k for k in keys if state[k].is_cuda]
+    host = {k: state[k] for k in keys if k not in on_gpu}
+    if on_gpu:
+        buffer = _staging(sum(_aligned(state[k].numel() * state[k].element_size()) for k in on_gpu))
+        offset = 0
+        for k in on_gpu:
+            t = state[k]
+            nbytes = t.numel() * t.element_size()
+            host[k] = buffer[offset:offset + nbytes].view(t.dtype).view(t.shape)
+            host[k].copy_(t, non_blocking=True)
+            offset += _aligned(nbytes)
         torch.cuda.current_stream().synchronize()
     return host
 
 
-def _codes_sha256(state: dict[str, Any], names: list[str]) -> str:
-    """sha256 of all FP8 codes in tensor-name order: two builds with the same digest have byte-equal codes."""
-    digest = hashlib.sha256()
-    for name in sorted(names):
-        digest.update(state[f"{name}.weight"].view(torch.uint8).numpy())  # the tensor's own bytes, no copy
-    return digest.hexdigest()
+def _write_shards(state: dict[str, torch.Tensor], shards: list[tuple[str, list[str]]], folder: Path,
+                  codes: set[str]) -> str:
+    """Write each shard from CPU memory and hash the FP8 codes ``codes`` (weight names) while it is written; return
+    the codes' digest: the sha256 of every FP8 weight's name and the sha256 of its codes, in name order (two builds
+    with the same digest have byte-equal codes; hashed per tensor, in parallel, instead of one 15 GB stream, which
+    took 16 s on one core at the Nano's size)."""
+    from safetensors.torch import save_file
+
+    digests: dict[str, str] = {}
+    with ThreadPoolExecutor(HASH_THREADS) as hasher:
+        for filename, keys in shards:
+            host = _on_host(state, sorted(keys))
+            hashing = {k: hasher.submit(_sha256, host[k]) for k in keys if k in codes}
+            save_file(host, str(folder / filename), metadata={"format": "pt"})
+            digests.update({k: f.result() for k, f in hashing.items()})  # before the buffer takes the next shard
+    top = hashlib.sha256()
+    for key in sorted(digests):
+        top.update(f"{key.removesuffix('.weight')} {digests[key]}\n".encode())
+    return top.hexdigest()
+
+
+def _sha256(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().data).hexdigest()  # its own bytes, no copy
 
 
 def canonical_modelopt_state(state: dict[str, Any]) -> dict[str, Any]:

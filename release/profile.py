@@ -1,8 +1,8 @@
 """Where a command's time and GPU memory go: named stages, each timed with the GPU synchronised and with the peak
-GPU memory allocated while it ran. ``RELEASE_PROFILE=FILE`` writes them as JSON as each outer stage ends (a stopped run
-keeps what ran) and when the command ends (then also as a table): each stage added up over its entries, and the
-timeline of every entry (start, seconds, peak, nesting depth); ``release eval`` keeps each rollout's measurement
-beside its cached actions.
+GPU memory allocated while it ran. ``RELEASE_PROFILE=FILE`` writes them as JSON as outer stages end (a killed run keeps
+what ran; at most every ``REWRITE_EVERY`` seconds) and when the command ends (then also as a table): each stage added
+up over its entries, and the timeline of every entry (start, seconds, peak, nesting depth); ``release eval`` keeps
+each rollout's measurement beside its cached actions.
 
 Stages may nest (a rollout inside an eval): torch has one peak counter, so entering a stage hands the peak reached
 so far to the stage around it before resetting the counter, and leaving hands its own peak up.
@@ -10,6 +10,7 @@ so far to the stage around it before resetting the counter, and leaving hands it
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -21,6 +22,10 @@ from typing import Any
 
 PROFILE_ENV = "RELEASE_PROFILE"
 GIB = 2**30
+# The file is rewritten as an outer stage ends at most this often: each rewrite holds the whole timeline, and an eval
+# has thousands of outer stages (a rollout each). A command that ends, fails or is stopped (Ctrl-C, SIGTERM) writes
+# everything (``report``).
+REWRITE_EVERY = 10.0
 
 
 @dataclass
@@ -77,14 +82,15 @@ def stage(name: str) -> Iterator[Measure]:
         total.calls += 1
         if this.peak_bytes is not None:
             total.peak_bytes = max(total.peak_bytes or 0, this.peak_bytes)
-        if not _OPEN and _RUN:  # a run stopped at any point keeps what ran
-            _write(_RUN["command"], _RUN["rank"])
+        if not _OPEN and _RUN and time.perf_counter() - _RUN["written"] >= REWRITE_EVERY:
+            _write(_RUN["command"], _RUN["rank"])  # a run killed at any point keeps what ran, but the last seconds
+            _RUN["written"] = time.perf_counter()
 
 
 def begin(command: str, rank: int = 0) -> None:
     """Profile ``command``: its stages' start times count from here, and the file is rewritten as each outer stage
     ends."""
-    _RUN.update(command=command, rank=rank)
+    _RUN.update(command=command, rank=rank, written=-math.inf)
     _ORIGIN[0] = time.perf_counter()
 
 

@@ -196,19 +196,34 @@ def check_architecture(source: Path) -> dict[str, object]:
     return config
 
 
-class SourceModel:
-    """The BF16 source transformer, read from disk once (into CPU memory) and instantiated afresh for each build, so
-    that ``release build --all`` loads the source one time however many builds it makes."""
+RESIDENT = 3  # the source stays on the GPU when its free memory holds this many times the source (see SourceModel)
 
-    def __init__(self, folder: Path) -> None:
+
+class SourceModel:
+    """The BF16 source transformer, read from disk once and instantiated afresh for each build, so that ``release
+    build --all`` loads the source one time however many builds it makes.
+
+    On a GPU with room for it (``device`` cuda, no memory cap, free memory at least ``RESIDENT`` times the source:
+    the source, a build's model and its working memory) the source's tensors stay on the GPU, where each build's copy
+    is a device copy and verification reads them (:class:`release.verify.Verifier`); otherwise they stay in CPU
+    memory (mapped from the files), copied to the GPU for each build: 30 GB from the page cache, about 5 s a build at
+    the Nano's size (BENCHMARKS.md)."""
+
+    def __init__(self, folder: Path, device: str = "cpu") -> None:
         import torch
         from diffusers import Cosmos3OmniTransformer
+
+        from release.memory import cap
 
         model = Cosmos3OmniTransformer.from_pretrained(str(folder / "transformer"), dtype=torch.bfloat16)
         self.checked = False  # the weights' finiteness, checked where the first build places them (a GPU is faster)
         self.folder = folder
         self.config = dict(model.config)
         self.state = {k: v.detach() for k, v in model.state_dict().items()}  # time_embedder stays fp32
+        size = sum(v.numel() * v.element_size() for v in self.state.values())
+        self.resident = device == "cuda" and cap() is None and torch.cuda.mem_get_info()[0] >= RESIDENT * size
+        if self.resident:
+            self.state = {k: v.to(device) for k, v in self.state.items()}
 
     def instantiate(self, device: str, weights: dict[str, Any] | None = None, bounded: bool = True,
                     share: bool = False) -> Any:

@@ -27,7 +27,7 @@ from release import ReleaseError
 from release.config import BuildConfig, ReleaseConfig, load_build, load_release
 from release.io import atomic_write, sha256_file, write_json
 from release.profile import stage
-from release.source import resolve_checkpoint, resolve_source
+from release.source import SourceModel, resolve_checkpoint, resolve_source
 
 REPORT_DIR = "verification"
 REPORT_JSON = f"{REPORT_DIR}/report.json"
@@ -269,6 +269,21 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+_STATES: dict[Path, tuple[tuple[int, int, int], Any]] = {}  # the reference's state files, read once for all its builds
+
+
+def _load_state(path: Path, cache: bool) -> Any:
+    """A ModelOpt state file; with ``cache``, kept for the next build verified against the same file (read again
+    when it was replaced or changed: another inode, size or modification time)."""
+    if not cache:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    st = path.stat()
+    key, stamp = path.resolve(), (st.st_ino, st.st_mtime_ns, st.st_size)
+    if key not in _STATES or _STATES[key][0] != stamp:
+        _STATES[key] = (stamp, torch.load(path, weights_only=True, map_location="cpu"))
+    return _STATES[key][1]
+
+
 def check_modelopt_states(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static") -> Check:
     """Both state files against the reference's: the same configurations and entries; in the per-channel scheme the
     entries that scheme sets differently (``per_channel.STATE_DIFFERENCES``) are counted apart, anything else that
@@ -287,7 +302,7 @@ def check_modelopt_states(folder: Path, reference: Path, scheme: str = "fp8_w8a8
         states = []
         for root in (folder, reference):
             try:
-                states.append(torch.load(root / rel, weights_only=True, map_location="cpu"))
+                states.append(_load_state(root / rel, cache=root == reference))
             except FileNotFoundError:
                 failures.append(f"{root / rel}: missing")
             except Exception as exc:  # a truncated or foreign pickle
@@ -329,8 +344,11 @@ def _tensors(folder: Path, problems: list[str]) -> dict[str, torch.Tensor]:
     return out
 
 
-def expected_weights(source: dict[str, torch.Tensor], folder: Path, provenance: dict[str, Any]) -> dict[str, Any]:
-    """The source's transformer tensors with the build's recorded smoothing folded in (exactly as the build did)."""
+def expected_weights(source: dict[str, torch.Tensor], folder: Path, provenance: dict[str, Any],
+                     device: str = "cpu") -> dict[str, Any]:
+    """The source's transformer tensors with the build's recorded smoothing folded in (exactly as the build did: the
+    same IEEE operations, on ``device``, where the folded tensors are left; on the CPU they were most of a smoothed
+    build's verification at the Nano's size, BENCHMARKS.md)."""
     from safetensors.torch import load_file
 
     from release.recipes import folded
@@ -338,11 +356,11 @@ def expected_weights(source: dict[str, torch.Tensor], folder: Path, provenance: 
     expected = dict(source)
     table = provenance.get("recipe", {}).get("alpha_table") or []
     if table:
-        scales = load_file(folder / "smoothing_scales.safetensors")
+        scales = load_file(folder / "smoothing_scales.safetensors", device=device)
         for row in table:
             anchor, linears = row["group"], row["linears"]
-            new_anchor, new_linears = folded(expected[f"{anchor}.weight"],
-                                             [expected[f"{n}.weight"] for n in linears],
+            new_anchor, new_linears = folded(expected[f"{anchor}.weight"].to(device),
+                                             [expected[f"{n}.weight"].to(device) for n in linears],
                                              scales[anchor], anchor.endswith("up_proj"))
             expected[f"{anchor}.weight"] = new_anchor
             for n, w in zip(linears, new_linears, strict=True):
@@ -407,8 +425,8 @@ def check_values(folder: Path, source: Path, source_tensors: dict[str, torch.Ten
                         "codes; rebuild")
         bound = 0.0
     per_channel_scheme = recipe.get("scheme") == per_channel.SCHEME
-    expected = expected_weights(src, folder, provenance)
     device = compute_device()
+    expected = expected_weights(src, folder, provenance, device)
     fp8 = [k for k, v in built.items() if v.dtype == torch.float8_e4m3fn]
     worst = worst_error = 0.0
     for key in fp8:
@@ -449,9 +467,9 @@ def check_values(folder: Path, source: Path, source_tensors: dict[str, torch.Ten
             continue
         if key not in expected:
             problems.append(f"tensor {key}: not in the source")
-        elif not torch.equal(value, expected[key]):
+        elif not torch.equal(value.to(expected[key].device), expected[key]):
             problems.append(f"tensor {key}: differs from the source")
-        elif not torch.equal(value, src[key]):
+        elif not torch.equal(value.to(src[key].device), src[key]):
             folded += 1
     smoothed = "smoothed " if folded else ""
     scheme = "per-channel weight scales, no static input scale" if per_channel_scheme else "positive finite scales"
@@ -578,21 +596,21 @@ def after_verification(rel: str) -> bool:
     return matches(rel, AFTER_VERIFICATION)
 
 
-def file_manifest(folder: Path) -> dict[str, FileEntry]:
-    """sha256 and size of every file of the build (not ``verification/``, not what is added later), hashed afresh."""
-    files = [rel for rel in build_files(folder)
-             if not rel.startswith(f"{REPORT_DIR}/") and not after_verification(rel)]
+def manifest_files(folder: Path) -> list[str]:
+    """The files a manifest covers: every file of the build but ``verification/`` and what is added later (links
+    and other non-files refused, :func:`build_files`)."""
+    return [rel for rel in build_files(folder) if not rel.startswith(f"{REPORT_DIR}/") and not after_verification(rel)]
+
+
+def file_manifest(folder: Path, files: list[str]) -> dict[str, FileEntry]:
+    """sha256 and size of ``files`` of the build (:func:`manifest_files`), hashed afresh."""
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         sizes = [(folder / rel).stat().st_size for rel in files]
         digests = list(pool.map(lambda rel: sha256_file(folder / rel), files))
     return {rel: FileEntry(sha256=d, size=n) for rel, d, n in zip(files, digests, sizes, strict=True)}
 
 
-def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | None = None) -> list[Check]:
-    """Run every check, write ``verification/report.{json,md}`` into the build folder, return the checks
-    (``source_tensors``: the source's transformer tensors, when several builds of one source are verified)."""
-    with stage("verify: hash the files"):
-        manifest = file_manifest(request.folder)  # before the checks: a file changed while they run fails the push
+def _run_checks(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | None) -> list[Check]:
     checks: list[Check] = []
     runners: list[tuple[str, Callable[[], Check]]] = []
     if request.reference is not None:
@@ -611,6 +629,21 @@ def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | Non
     for name, run in runners:
         with stage(f"verify: {name}"):
             checks.append(run())
+    return checks
+
+
+def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | None = None) -> list[Check]:
+    """Run every check, write ``verification/report.{json,md}`` into the build folder, return the checks
+    (``source_tensors``: the source's transformer tensors, when several builds of one source are verified)."""
+    # The files are hashed while the checks run (sha256 takes one core per file: 5 s of a Nano build's 16 GB). Either
+    # way a file that differs from the manifest when the build is pushed, changed at any time after it was listed,
+    # fails the push.
+    files = manifest_files(request.folder)  # a link or a pipe is refused before any check runs
+    with ThreadPoolExecutor(1) as hashing:
+        hashed = hashing.submit(file_manifest, request.folder, files)
+        checks = _run_checks(request, source_tensors)
+        with stage("verify: hash the files (what the checks left)"):
+            manifest = hashed.result()
     markdown = render_markdown(request, checks).encode()
     manifest[REPORT_MD] = FileEntry(sha256=hashlib.sha256(markdown).hexdigest(), size=len(markdown))
     statuses = {c.status for c in checks}
@@ -694,13 +727,16 @@ def gate(folder: Path, report: Report | None) -> str | None:
 
 class Verifier:
     """Verifies builds and prints each summary, reading each source's transformer once however many builds of it
-    it verifies."""
+    it verifies. ``source``: the build's source model; where its tensors stay on the GPU
+    (:class:`release.source.SourceModel`) and equal the files' byte for byte (compared once), the checks read them
+    there instead of copying the files' tensors to the GPU for every build."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: SourceModel | None = None) -> None:
         from rich.console import Console
 
         self.console = Console(width=160)
         self.sources: dict[Path, dict[str, torch.Tensor]] = {}
+        self.resident = source if source is not None and source.resident else None
 
     def __call__(self, request: VerifyRequest) -> bool:
         """Verify one build; True when no check failed (skipped ones are shown)."""
@@ -709,12 +745,22 @@ class Verifier:
             problems: list[str] = []
             with stage("verify: read the source"):
                 tensors = _tensors(request.source / "transformer", problems)
+                if self.resident is not None and self.resident.folder == request.source and not problems:
+                    tensors = _same_tensors(tensors, self.resident.state)
             if not problems:
                 self.sources[request.source] = tensors
         with stage(f"verify {request.build.name}"):
             checks = verify(request, self.sources.get(request.source))
         self.console.print(summary_table(request, checks))
         return all(c.status != "failed" for c in checks)
+
+
+def _same_tensors(files: dict[str, torch.Tensor], resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``resident`` where it holds exactly the files' tensors (names, dtypes, shapes, bytes), else ``files``."""
+    same = files.keys() == resident.keys() and all(
+        files[k].dtype == v.dtype and files[k].shape == v.shape and torch.equal(files[k].to(v.device), v)
+        for k, v in resident.items())
+    return resident if same else files
 
 
 def verify_builds(requests: list[VerifyRequest]) -> bool:

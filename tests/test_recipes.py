@@ -312,3 +312,47 @@ def test_gptq_skips_modelopts_printed_error_only_for_the_duration() -> None:
         assert calib_utils.GPTQHelper._print_mse_error(object(), None) is None
     with pytest.raises(AttributeError):  # ModelOpt's own reads the module's weight
         calib_utils.GPTQHelper._print_mse_error(object(), None)
+
+
+def test_gptq_hessians_stay_on_the_gpu_while_there_is_room_and_go_to_the_cpu_under_a_cap() -> None:
+    """ModelOpt moves a Hessian to the CPU once 65% of the GPU is used, whatever is free, and reads the GPU's own free
+    memory, which a cap does not lower: the tool decides by the headroom left, and under a cap sends them all to the
+    CPU; a CPU build's Hessians stay on the CPU (ModelOpt's rule asked no GPU), and ModelOpt's rule is back after."""
+    from modelopt.torch.quantization.utils import calib_utils
+
+    from release.recipes.gptq import HESSIAN_HEADROOM, faster_update, hessian_on_cpu
+
+    assert not hessian_on_cpu(HESSIAN_HEADROOM + 2**30, capped=False)
+    assert hessian_on_cpu(HESSIAN_HEADROOM - 1, capped=False)
+    assert hessian_on_cpu(100 * 2**30, capped=True)
+    rule = calib_utils.get_used_gpu_mem_fraction
+    with faster_update():
+        assert calib_utils.get_used_gpu_mem_fraction is not rule
+        assert calib_utils.get_used_gpu_mem_fraction(torch.device("cpu")) == 0.0
+    assert calib_utils.get_used_gpu_mem_fraction is rule
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gptq_hessians_sum_the_same_on_the_gpu_and_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a Hessian lives changes only where its running sum is kept (ModelOpt's ``update_hessian``: the product
+    on the input's device, the scaling and the sum on the Hessian's): the same bits either way; under a cap a CUDA
+    weight's Hessian is made on the CPU."""
+    from modelopt.torch.quantization.utils import calib_utils
+
+    from release import memory
+    from release.recipes.gptq import faster_update
+
+    torch.manual_seed(6)
+    inputs = [torch.randn(3, 77, 256, device="cuda") * 10 ** torch.randn(1, device="cuda") for _ in range(9)]
+    sums = []
+    for device in ("cuda", "cpu"):
+        hessian, n = torch.zeros(256, 256, device=device), 0
+        for x in inputs:
+            hessian, n = calib_utils.update_hessian(x, hessian, n)
+        sums.append(hessian.cpu())
+    assert torch.equal(sums[0].view(torch.int32), sums[1].view(torch.int32))
+    linear = torch.nn.Linear(256, 64, device="cuda")
+    with faster_update():
+        assert calib_utils.GPTQHelper(linear, "x", offload_to_cpu=True).hessian.is_cuda
+        monkeypatch.setattr(memory, "_CAP", [22 * 2**30])
+        assert not calib_utils.GPTQHelper(linear, "x", offload_to_cpu=True).hessian.is_cuda

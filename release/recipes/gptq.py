@@ -88,14 +88,31 @@ def fused(quantizer: Any, weight: torch.Tensor) -> bool:
             and importlib.util.find_spec("triton") is not None)
 
 
+HESSIAN_HEADROOM = 8 * 2**30  # GPU memory left free beside the Hessians: the Hessian pass's activations, an update
+
+
+def hessian_on_cpu(free: int, capped: bool) -> bool:
+    """Where the next Linear's Hessian goes (``free``: the GPU's free bytes). ModelOpt puts it on the CPU once 65% of
+    the GPU is in use, whatever is left: on an H200 42 of the Nano's 504 fp32 Hessians (71 GB) went to the CPU, their
+    updates 41 s of a 151 s build, with 45 GB still free. Here a Hessian stays on the GPU while ``HESSIAN_HEADROOM``
+    remains free. Under a memory cap every Hessian goes to the CPU: the cap's room beside the resident layers is the
+    forward's (``release.memory.RESERVE``), and the GPU's own free memory does not see the cap. The Hessians sum in
+    the same IEEE operations on either device (the products are computed on the GPU either way)."""
+    return capped or free < HESSIAN_HEADROOM
+
+
 @contextmanager
 def faster_update() -> Iterator[None]:
-    """ModelOpt's GPTQ with its column loop run by the fused kernel or with :class:`Columns`, and without its
-    per-Linear log of the Hessian-weighted error (two products of the weight and the Hessian, only printed, and the
-    build silences ModelOpt's output: 7.2 s of the Nano's GPTQ build on an H200), for the duration."""
+    """ModelOpt's GPTQ with its column loop run by the fused kernel or with :class:`Columns`, its Hessians placed by
+    :func:`hessian_on_cpu`, and without its per-Linear log of the Hessian-weighted error (two products of the weight
+    and the Hessian, only printed, and the build silences ModelOpt's output: 7.2 s of the Nano's GPTQ build on an
+    H200), for the duration."""
     from modelopt.torch.quantization.utils import calib_utils
 
+    from release.memory import cap
+
     update, log = calib_utils.gptq_blockwise_update, calib_utils.GPTQHelper._print_mse_error
+    used = calib_utils.get_used_gpu_mem_fraction
 
     def blockwise(weight: torch.Tensor, h_inv: torch.Tensor, block_size: int, quantize_fn: Any) -> None:
         if fused(quantize_fn, weight):
@@ -107,13 +124,20 @@ def faster_update() -> Iterator[None]:
         else:  # not elementwise, or a GPU without the kernel: there the column alone is no faster (0.9x, H200)
             update(weight, h_inv, block_size, quantize_fn)
 
+    def placement(device: Any) -> float:  # ModelOpt's test is "> 0.65": 1.0 sends the Hessian to the CPU
+        if torch.device(device).type != "cuda":
+            return 0.0  # a CPU build: the Hessian stays beside its weight
+        return 1.0 if hessian_on_cpu(torch.cuda.mem_get_info(device)[0], cap() is not None) else 0.0
+
     calib_utils.gptq_blockwise_update = blockwise
     calib_utils.GPTQHelper._print_mse_error = lambda self, hessian: None
+    calib_utils.get_used_gpu_mem_fraction = placement
     try:
         yield
     finally:
         calib_utils.gptq_blockwise_update = update
         calib_utils.GPTQHelper._print_mse_error = log
+        calib_utils.get_used_gpu_mem_fraction = used
 
 
 class Gptq(Step):
