@@ -214,3 +214,61 @@ def test_device_setting_is_checked(value: str, message: str, tiny: Path, tmp_pat
                     "--out", tmp_path / "dist")
     assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1, result.output
     assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (the page-locked staging buffer)"))])
+def test_shards_are_safetensors_own_files_and_the_codes_digest_hashes_each_weight(device: str,
+                                                                                  tmp_path: Path) -> None:
+    """The export writes each shard with safetensors from CPU memory (GPU tensors through one page-locked buffer,
+    reused shard after shard: the second shard overwrites the first's views) and hashes every FP8 weight on its own:
+    the files are ``save_file``'s own bytes, and the digest is the sha256 of each weight's name and code sha256."""
+    import hashlib
+
+    from safetensors.torch import save_file
+
+    from release import export
+
+    torch.manual_seed(7)
+    state = {f"layers.{i}.{part}": t.to(device) for i in range(3) for part, t in (
+        ("to_q.weight", (torch.randn(48, 40) * 30).to(torch.float8_e4m3fn)), ("to_q.weight_scale", torch.rand(())),
+        ("norm.weight", torch.randn(40).to(torch.bfloat16)))}
+    shards = [("a.safetensors", [k for k in state if k.startswith("layers.0")]),
+              ("b.safetensors", [k for k in state if not k.startswith("layers.0")])]
+    codes = {k for k in state if k.endswith("to_q.weight")}
+    digest = export._write_shards(state, shards, tmp_path, codes)
+    for name, keys in shards:
+        save_file({k: state[k].cpu() for k in keys}, str(tmp_path / f"{name}.expected"), metadata={"format": "pt"})
+        assert (tmp_path / name).read_bytes() == (tmp_path / f"{name}.expected").read_bytes()
+    per_weight = "".join(f"{k.removesuffix('.weight')} "
+                         f"{hashlib.sha256(state[k].cpu().view(torch.uint8).numpy().tobytes()).hexdigest()}\n"
+                         for k in sorted(codes))
+    assert digest == hashlib.sha256(per_weight.encode()).hexdigest()
+    state["layers.2.to_q.weight"] = state["layers.2.to_q.weight"].clone()
+    state["layers.2.to_q.weight"].view(torch.uint8)[0, 0] ^= 1  # one code, one bit
+    assert export._write_shards(state, shards, tmp_path, codes) != digest
+
+
+def test_the_profile_is_rewritten_at_most_every_few_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rewrite holds the whole timeline: rewritten at every outer stage, an eval's thousands of rollouts cost a
+    quadratic number of bytes. The first outer stage writes the file (a killed run keeps what ran), later ones once
+    ``REWRITE_EVERY`` has passed, and the command's end writes everything."""
+    from release import profile
+
+    monkeypatch.setenv("RELEASE_PROFILE", str(tmp_path / "profile.json"))
+    writes: list[int] = []
+    write = profile._write
+    monkeypatch.setattr(profile, "_write", lambda command, rank: writes.append(len(profile._TIMELINE)) or
+                        write(command, rank))
+    profile.begin("eval")
+    for _ in range(200):
+        with profile.stage("rollout"):
+            pass
+    assert writes == [1]
+    monkeypatch.setattr(profile, "REWRITE_EVERY", 0.0)
+    with profile.stage("rollout"):
+        pass
+    assert writes == [1, 201]
+    profile.report("eval")
+    assert writes == [1, 201, 201]
+    assert json.loads((tmp_path / "profile.json").read_text())["stages"][0]["calls"] == 201
