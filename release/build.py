@@ -203,7 +203,7 @@ def run_builds(request: BuildRequest) -> bool:
     from release.distributed import world
     from release.export import export_build
     from release.policy import compute_device, map_tensors
-    from release.recipes import changes_weights, max_weight_error, quantize, steps
+    from release.recipes import Observer, changes_weights, max_weight_error, quantize, steps
     from release.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 
     config = check_architecture(request.source)
@@ -227,6 +227,7 @@ def run_builds(request: BuildRequest) -> bool:
     builds = sorted(request.builds, key=lambda b: b.name != REFERENCE_BUILD)
     reference_ready = REFERENCE_BUILD not in {b.name for b in builds}
     verifier, ok, later = Verifier(source), True, []
+    observed: dict[str, Observer] = {}  # the observer passes of builds that observe the same model on the same calls
 
     def verification(build: BuildConfig) -> VerifyRequest:
         return VerifyRequest.create(build.name, request.out, None, request.source, request.observations,
@@ -245,7 +246,7 @@ def run_builds(request: BuildRequest) -> bool:
                     on_device = [[map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm)]
                     model = source.instantiate(device)
                 with stage("quantize (recipe, calibration)"):
-                    quantized = quantize(model, build, on_device[0], on_device[1])
+                    quantized = quantize(model, build, on_device[0], on_device[1], observed)
                 exported = export_build(quantized, build, source, on_device[0][0], tmp, _build_files(build))
                 uses_data = build.needs_algorithm_data
                 write_json(tmp / "provenance.json", {

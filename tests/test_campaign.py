@@ -367,3 +367,44 @@ def test_the_card_says_which_builds_share_their_codes(campaign: Path) -> None:
     [note] = _same_codes_notes(pc, provenances, Formatter("ko"), translations("ko").gettext)
     assert note.startswith("FP8 채널별 / 토큰별: AutoRound (기존 캠페인 방식: RTN 코드)는 FP8 채널별 가중치, 토큰별 "
                            "활성값: RTN과 똑같이 양자화합니다.")  # 코드는, RTN과: the particles follow the titles
+
+
+def test_builds_that_observe_the_source_alike_share_one_observer_pass(campaign: Path, tiny: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """In one run, builds that observe the unchanged source on the same calls with the same calibrator (RTN, GPTQ and
+    their per-channel siblings) take one observer pass; a smoothed or otherwise calibrated build runs its own. The
+    bytes are those of the same builds made with another build's pass (the campaign: after RTN's)."""
+    monkeypatch.setenv("RELEASE_PROFILE", str(tmp_path / "profile.json"))
+    dist = tmp_path / "dist"
+    result = invoke("build", "pc_gptq", "rtn_mavg", "pc_rtn", "sq_auto", "--source", tiny / "source",
+                    "--observations", tiny / "observations", "--out", dist)
+    assert result.exit_code == 0, result.output
+    timeline = [e["stage"] for e in json.loads((tmp_path / "profile.json").read_text())["timeline"]
+                if e["stage"].startswith("build ") or e["stage"] == "quantize: observer pass"]
+    assert timeline == ["quantize: observer pass", "build pc_gptq", "quantize: observer pass", "build rtn_mavg",
+                        "build pc_rtn", "quantize: observer pass", "build sq_auto"]
+    for build in ("pc_gptq", "pc_rtn"):
+        files = [*sorted((campaign / REPO[build] / "transformer").glob("*.safetensors")),
+                 campaign / REPO[build] / "modelopt_state.pth"]
+        for theirs in files:
+            ours = dist / theirs.relative_to(campaign)
+            assert ours.read_bytes() == theirs.read_bytes(), ours
+
+
+def test_layer_by_layer_max_calibration_by_hooks_is_modelopts(campaign: Path, tiny: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seed's AutoRound calibrates layer by layer; each layer's input maxima are taken by hooks on a plain replay
+    (release.recipes.observers.observed_layers). Made with ModelOpt's own calibrators instead, every byte is the
+    same."""
+    import contextlib
+
+    import release.recipes
+
+    monkeypatch.setattr(release.recipes, "observed_layers", contextlib.nullcontext)
+    result = invoke("build", "sq_auto_autoround", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 0, result.output
+    theirs = campaign / REPO["sq_auto_autoround"]
+    for ours in [*sorted((tmp_path / "dist" / theirs.name / "transformer").glob("*.safetensors")),
+                 tmp_path / "dist" / theirs.name / "modelopt_state.pth"]:
+        assert ours.read_bytes() == (theirs / ours.relative_to(tmp_path / "dist" / theirs.name)).read_bytes(), ours

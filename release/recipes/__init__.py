@@ -34,7 +34,7 @@ from release.recipes.base import (
     sample_rows,
 )
 from release.recipes.gptq import Gptq
-from release.recipes.observers import Observer, tail_quantiles
+from release.recipes.observers import Observer, observed_layers, tail_quantiles
 from release.recipes.smoothing import Awq, SmoothQuant, folded
 
 __all__ = ["RECIPES", "Observer", "Quantized", "changes_weights", "folded", "max_weight_error", "quant_config",
@@ -59,12 +59,17 @@ def max_weight_error(build: BuildConfig) -> float | None:
 
 
 def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, Any]],
-             algorithm_calls: list[dict[str, Any]]) -> Quantized:
+             algorithm_calls: list[dict[str, Any]], observed: dict[str, Observer] | None = None) -> Quantized:
     """Apply the build's recipe to ``model`` (BF16, on the device the calls are on) and calibrate it with ModelOpt:
     smoothing first, then a weight step that tunes the BF16 weights (auto-round), then ModelOpt's quantization with
     the weight step's algorithm (first pass: the calibration calls, observed by the calibrator; a second pass,
     GPTQ's Hessians: the algorithm calls), then the calibrator's input scales and any step that works on the
-    calibrated model."""
+    calibrated model.
+
+    ``observed``: the observer passes of the builds made before from the same source and calibration calls (``release
+    build --all``): a build that observes the source model as it is (no step transforms it first) with the same
+    calibrator, Linears and calls takes that pass's observer instead of running the calls again (RTN, GPTQ and their
+    per-channel siblings: one pass)."""
     import modelopt.torch.quantization as mtq
 
     ctx = Context(build, Quantized(model), calls, algorithm_calls)
@@ -89,9 +94,14 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
     if build.layerwise:
         register_decoder_layers()
     observer = Observer(build.calibrator, names)
-    if not build.layerwise:  # ModelOpt's layer-by-layer calibration runs the calls through the model itself
-        with stage("quantize: observer pass"):
-            observer.observe(model, calls)
+    if not build.layerwise:  # layer by layer, ModelOpt's calibration runs the calls through the model itself
+        sharing = {} if observed is None or any(step.transforms(build) for step in recipe) else observed
+        key = f"{build.calibrator.model_dump_json()}|{len(calls)}|{','.join(names)}"
+        if key not in sharing:
+            with stage("quantize: observer pass"):
+                observer.observe(model, calls)
+            sharing[key] = observer
+        observer = sharing[key]
     passes = [0]
 
     @torch.no_grad()
@@ -118,6 +128,8 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
         warnings.simplefilter("ignore")  # ModelOpt prints progress and tqdm bars; errors still raise
         for step in recipe:
             steps_context.enter_context(step.calibrating(build))
+        if build.layerwise:
+            steps_context.enter_context(observed_layers())
         with stage("quantize: ModelOpt"):
             mtq.quantize(model, quant_config(build, algorithm), forward_loop=forward_loop)
     for name, amax in observer.amax().items():

@@ -101,6 +101,9 @@ class AutoRound(Step):
             return "max"
         return {"method": "max", "layerwise": {"enable": True, "get_qdq_activations_from_prev_layer": True}}
 
+    def transforms(self, build: BuildConfig) -> bool:
+        return self.tuned(build)
+
     def before(self, ctx: Context) -> None:
         """Tune every decoder layer with auto-round, in order, each on the outputs of the tuned layers before it."""
         if not self.tuned(ctx.build):

@@ -179,6 +179,10 @@ class Step:
         """The bound verification holds a weight-changing step's FP8 weights to (None: codes are recomputed)."""
         return None
 
+    def transforms(self, build: BuildConfig) -> bool:
+        """Whether ``before`` changes the BF16 model that the calibration then runs (default: no)."""
+        return False
+
     def before(self, ctx: Context) -> None:
         """Transform the BF16 model before quantization (default: nothing)."""
 

@@ -152,6 +152,9 @@ class Smoothing(Step):
     def scales(self, stats: Statistics, group: Group, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
         raise NotImplementedError
 
+    def transforms(self, build: BuildConfig) -> bool:
+        return True
+
     def before(self, ctx: Context) -> None:
         build, model = ctx.build, ctx.model
         quantized = set(quantized_linears_of(model, build))
