@@ -102,25 +102,35 @@ def collect(model: torch.nn.Module, groups: list[Group], calls: list[dict[str, A
     return stats
 
 
-def group_error(x: torch.Tensor, amax_x: torch.Tensor, weights: list[torch.Tensor], s: torch.Tensor | None,
-                scheme: str) -> float:
-    """Relative squared output error of the FP8-quantized group (smoothed by ``s``) against BF16, in the build's
-    scheme: per-tensor static (the input amax is that of all algorithm calls) or per-channel weights with per-token
-    inputs."""
-    num = den = 0.0
-    xs = x if s is None else x / s
-    if scheme == per_channel.SCHEME:
-        xq = qdq(xs, xs.abs().amax(dim=-1, keepdim=True))
-    else:
-        xq = qdq(xs, amax_x.max() if s is None else (amax_x / s).max())
-    for w in weights:
-        ref = x @ w.T
-        ws = w if s is None else (w * s).to(torch.bfloat16).float()
-        amax_w = ws.abs().amax(dim=1, keepdim=True) if scheme == per_channel.SCHEME else ws.abs().max()
-        out = xq @ qdq(ws, amax_w).T
-        num += float(((out - ref) ** 2).sum())
+def group_errors(x: torch.Tensor, amax_x: torch.Tensor, weights: list[torch.Tensor],
+                 scales: list[torch.Tensor | None], scheme: str) -> list[float]:
+    """Relative squared output error of the FP8-quantized group against BF16, smoothed by each of ``scales`` (None:
+    unsmoothed), in the build's scheme: per-tensor static (the input amax is that of all algorithm calls) or
+    per-channel weights with per-token inputs. The BF16 outputs are computed once for all scales, and the errors
+    read from the device once (one wait for the GPU per group, not two per weight and scale)."""
+    refs = [x @ w.T for w in weights]
+    den = 0.0
+    for ref in refs:
         den += float((ref**2).sum())
-    return num / max(den, 1e-30)
+    sums = []
+    for s in scales:
+        xs = x if s is None else x / s
+        if scheme == per_channel.SCHEME:
+            xq = qdq(xs, xs.abs().amax(dim=-1, keepdim=True))
+        else:
+            xq = qdq(xs, amax_x.max() if s is None else (amax_x / s).max())
+        for w, ref in zip(weights, refs, strict=True):
+            ws = w if s is None else (w * s).to(torch.bfloat16).float()
+            amax_w = ws.abs().amax(dim=1, keepdim=True) if scheme == per_channel.SCHEME else ws.abs().max()
+            sums.append(((xq @ qdq(ws, amax_w).T - ref) ** 2).sum())
+    values = torch.stack(sums).tolist()
+    errors = []
+    for i in range(len(scales)):
+        num = 0.0
+        for value in values[i * len(weights):(i + 1) * len(weights)]:
+            num += value
+        errors.append(num / max(den, 1e-30))
+    return errors
 
 
 def folded(anchor: torch.Tensor, linears: list[torch.Tensor], s: torch.Tensor,
@@ -175,8 +185,9 @@ class Smoothing(Step):
         x = torch.cat(stats.rows[g.anchor])
         weights = [module_weight(model, n).float() for n in g.linears]
         amax = stats.amax[g.anchor]
-        before = group_error(x, amax, weights, None, build.scheme)
-        errors = {a: group_error(x, amax, weights, self.scales(stats, g, weights, a), build.scheme) for a in grid}
+        before, *each = group_errors(x, amax, weights, [None] + [self.scales(stats, g, weights, a) for a in grid],
+                                     build.scheme)
+        errors = dict(zip(grid, each, strict=True))
         alpha = min(grid, key=lambda a: (errors[a], a))
         s = self.scales(stats, g, weights, alpha)
         _fold(model, g, s)
