@@ -81,11 +81,14 @@ def observation_set_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
-def capture_calibration(request: BuildRequest, observations: list[Observation], revision: str) -> Path:
+def capture_calibration(request: BuildRequest, observations: list[Observation],
+                        revision: str) -> tuple[Path, torch.nn.Module | None]:
     """Roll the BF16 policy out on the calibration observations and store every transformer call.
 
     One file per observation under a folder keyed by source revision, observation set, policy settings and device,
-    so an interrupted capture resumes where it stopped and a changed input captures anew.
+    so an interrupted capture resumes where it stopped and a changed input captures anew. Returns the folder and,
+    when this process captured, the policy's BF16 transformer (the source's, already placed: the builds may take it
+    instead of reading the source again).
     """
     from release.distributed import world
     from release.policy import capture_calls, compute_device, free_memory, load_pipeline, rollout, settings_digest
@@ -97,6 +100,7 @@ def capture_calibration(request: BuildRequest, observations: list[Observation], 
     folder = request.cache / "calibration" / key
     folder.mkdir(parents=True, exist_ok=True)
     todo = world().share([o for o in observations if not (folder / f"obs-{o.obs_id:05d}.pt").is_file()])
+    transformer = None
     if todo:
         from release.recipes.base import check_finite
 
@@ -113,10 +117,11 @@ def capture_calibration(request: BuildRequest, observations: list[Observation], 
                 torch.save(calls, path.with_suffix(".tmp"))
                 os.replace(path.with_suffix(".tmp"), path)
                 progress.advance(task)
+        transformer = pipe.transformer
         del pipe
-        free_memory()  # before the builds place their models
+        free_memory()  # the rest of the pipeline, before the builds place their models
     world().barrier()  # every rank's share is on disk
-    return folder
+    return folder, transformer
 
 
 @dataclass(frozen=True)
@@ -213,14 +218,15 @@ def run_builds(request: BuildRequest) -> bool:
     if not calibration:
         raise ReleaseError(f"{request.observations}: no observation from the calibration labs "
                            f"({', '.join(request.release.calibration_labs)})")
-    folder = capture_calibration(request, calibration, revision)
+    folder, policy_transformer = capture_calibration(request, calibration, revision)
     with stage("load the calibration capture"):
         data = CalibrationData.load(folder, calibration)
     for build in request.builds:  # every build's data is checked before the first one is made
         data.calibration_calls(build), data.algorithm_calls(build)
     device = compute_device()
     with stage("load the source"):
-        source = SourceModel(request.source, device)
+        source = SourceModel(request.source, device, policy_transformer)
+        del policy_transformer
     # the reference first: in one process every other build is then verified against it as soon as it is made (a
     # sweep's builds need not all be on disk at once); under torchrun a rank that does not make the reference
     # verifies its builds once every rank is done
@@ -246,7 +252,7 @@ def run_builds(request: BuildRequest) -> bool:
                     on_device = [[map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm)]
                     model = source.instantiate(device)
                 with stage("quantize (recipe, calibration)"):
-                    quantized = quantize(model, build, on_device[0], on_device[1], observed)
+                    quantized = quantize(model, build, on_device[0], on_device[1], observed, source.state)
                 exported = export_build(quantized, build, source, on_device[0][0], tmp, _build_files(build))
                 uses_data = build.needs_algorithm_data
                 write_json(tmp / "provenance.json", {

@@ -197,6 +197,15 @@ def check_architecture(source: Path) -> dict[str, object]:
 
 
 RESIDENT = 3  # the source stays on the GPU when its free memory holds this many times the source (see SourceModel)
+_DTYPES = {"BF16": "bfloat16", "F32": "float32", "F16": "float16", "F8_E4M3": "float8_e4m3fn"}
+
+
+def _file_dtypes(folder: Path, state: dict[str, Any]) -> bool:
+    """Whether every tensor of ``state`` has the dtype and shape the source's files give it."""
+    headers = read_headers(folder / "transformer", "diffusion_pytorch_model.safetensors.index.json")
+    return headers.keys() == state.keys() and all(
+        str(state[k].dtype).removeprefix("torch.") == _DTYPES.get(d) and tuple(state[k].shape) == shape
+        for k, (d, shape, _) in headers.items())
 
 
 class SourceModel:
@@ -207,21 +216,30 @@ class SourceModel:
     the source, a build's model and its working memory) the source's tensors stay on the GPU, where each build's copy
     is a device copy and verification reads them (:class:`release.verify.Verifier`); otherwise they stay in CPU
     memory (mapped from the files), copied to the GPU for each build: 30 GB from the page cache, about 5 s a build at
-    the Nano's size (BENCHMARKS.md)."""
+    the Nano's size (BENCHMARKS.md).
 
-    def __init__(self, folder: Path, device: str = "cpu") -> None:
+    ``loaded``: the source transformer as the calibration capture loaded it (on the GPU), taken as it is where the
+    source stays on the GPU and each of its tensors has the file's dtype (a byte copy of the file, as reading it
+    again would give): 30 GB not read a second time."""
+
+    def __init__(self, folder: Path, device: str = "cpu", loaded: Any = None) -> None:
         import torch
         from diffusers import Cosmos3OmniTransformer
 
-        from release.memory import cap
+        from release.memory import cap, is_placed
 
-        model = Cosmos3OmniTransformer.from_pretrained(str(folder / "transformer"), dtype=torch.bfloat16)
-        self.checked = False  # the weights' finiteness, checked where the first build places them (a GPU is faster)
         self.folder = folder
+        if loaded is not None and (is_placed(loaded) or not _file_dtypes(folder, loaded.state_dict())):
+            loaded = None
+        size = sum(p.stat().st_size for p in (folder / "transformer").glob("*.safetensors"))
+        held = size if loaded is not None else 0  # what the loaded transformer already takes of the GPU
+        self.resident = device == "cuda" and cap() is None and torch.cuda.mem_get_info()[0] + held >= RESIDENT * size
+        model = loaded if loaded is not None and self.resident else \
+            Cosmos3OmniTransformer.from_pretrained(str(folder / "transformer"), dtype=torch.bfloat16)
+        # the weights' finiteness: the capture checked the policy's; else where the first build places them
+        self.checked = model is loaded
         self.config = dict(model.config)
         self.state = {k: v.detach() for k, v in model.state_dict().items()}  # time_embedder stays fp32
-        size = sum(v.numel() * v.element_size() for v in self.state.values())
-        self.resident = device == "cuda" and cap() is None and torch.cuda.mem_get_info()[0] >= RESIDENT * size
         if self.resident:
             self.state = {k: v.to(device) for k, v in self.state.items()}
 

@@ -59,7 +59,8 @@ def max_weight_error(build: BuildConfig) -> float | None:
 
 
 def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, Any]],
-             algorithm_calls: list[dict[str, Any]], observed: dict[str, Observer] | None = None) -> Quantized:
+             algorithm_calls: list[dict[str, Any]], observed: dict[str, Observer] | None = None,
+             source: dict[str, torch.Tensor] | None = None) -> Quantized:
     """Apply the build's recipe to ``model`` (BF16, on the device the calls are on) and calibrate it with ModelOpt:
     smoothing first, then a weight step that tunes the BF16 weights (auto-round), then ModelOpt's quantization with
     the weight step's algorithm (first pass: the calibration calls, observed by the calibrator; a second pass,
@@ -69,7 +70,9 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
     ``observed``: the observer passes of the builds made before from the same source and calibration calls (``release
     build --all``): a build that observes the source model as it is (no step transforms it first) with the same
     calibrator, Linears and calls takes that pass's observer instead of running the calls again (RTN, GPTQ and their
-    per-channel siblings: one pass)."""
+    per-channel siblings: one pass). ``source``: the source's tensors ``model`` was made from; a weight step that
+    starts from them unsmoothed reads its starting weights there for the reconstruction error instead of copying the
+    model's (30 GB to the CPU: 23 s of a Nano GPTQ build on an H200, BENCHMARKS.md)."""
     import modelopt.torch.quantization as mtq
 
     ctx = Context(build, Quantized(model), calls, algorithm_calls)
@@ -81,8 +84,12 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
         if not step.changes_weights(build):
             step.before(ctx)
     weighing = changes_weights(build)  # the weights the weight step starts from, and their inputs
-    weights = state_dict(model) if weighing else {}  # offloaded weights (a bounded build) read from their copies
-    start = {n: weights[f"{n}.weight"].detach().to("cpu", copy=True) for n in names} if weighing else {}
+    smoothed = any(step.transforms(build) for step in recipe if not step.changes_weights(build))
+    if weighing and source is not None and not smoothed:
+        start = {n: source[f"{n}.weight"] for n in names}  # the same values, where the source is kept
+    else:  # offloaded weights (a bounded build) read from their copies
+        weights = state_dict(model) if weighing else {}
+        start = {n: weights[f"{n}.weight"].detach().to("cpu", copy=True) for n in names} if weighing else {}
     rows: dict[str, torch.Tensor] = {}
     if weighing:
         with stage("quantize: input rows for the reconstruction error"):
