@@ -130,11 +130,38 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         yield tmp
         replace_dir(tmp, final)
         ok = True
+    except Exception as exc:
+        full = disk_full(tmp, exc)
+        if full is not None:  # said before the partial folder is removed: then the disk has room again
+            raise ReleaseError(f"{final}: the disk ran out of space while it was written ({full}); free space on "
+                               "it or write the outputs to another disk") from exc
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
         if not ok and created and not any(final.parent.iterdir()):
             final.parent.rmdir()  # the failed run created the output folder: leave no trace
+
+
+FULL_DISK = 64 * 2**20  # less free than this after a write failed: the disk was full (torch.save does not say so)
+
+
+def disk_full(path: Path, exc: BaseException) -> str | None:
+    """How full the disk of ``path`` is, when ``exc`` came from a full disk: an OSError ENOSPC or EDQUOT anywhere in
+    its chain, the same error as safetensors words it, or less than ``FULL_DISK`` left (torch.save's own words say
+    only that its write failed); else None."""
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    said = any((isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "os error 28" in str(e)
+               or "No space left on device" in str(e) for e in chain)
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return "no space left" if said else None
+    return f"{free / 2**20:.0f} MiB free" if said or free < FULL_DISK else None
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:

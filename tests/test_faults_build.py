@@ -180,9 +180,45 @@ def test_killed_rebuild_then_failed_rebuild_keep_the_old_build(tiny: Path, cheap
 
     monkeypatch.setattr("release.export._copy_components", disk_full)
     result = invoke(*args)
-    assert result.exit_code == 1 and "No space left on device" in result.output, result.output
+    assert result.exit_code == 2 and f"{dist / REPO}: the disk ran out of space while it was written" in \
+        result.output, result.output
+    assert "internal error" not in result.output and len(result.output.strip().splitlines()[-1]) < 300
     assert _files(dist / REPO) == _encoded(OLD)
     assert os.listdir(dist) == [REPO]
+
+
+@pytest.mark.parametrize("where, error, free", [
+    # safetensors says it in its own error type
+    ("safetensors.torch.save_file", RuntimeError("Error while serializing: I/O error: No space left on device "
+                                              "(os error 28)"), 10 * 2**30),
+    # torch.save says only that a write failed: the disk has (almost) nothing left
+    ("torch.save", RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534"), 2**20),
+])
+def test_a_full_disk_is_one_line_naming_the_build_and_leaves_nothing(where: str, error: Exception, free: int,
+                                                                     tiny: Path, cheap_builds: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A disk that fills up while a build is written: exit 2 with a one-line error that names the build folder and
+    says what to do, not an internal error; nothing of the build is left. Any other failure stays what it is."""
+    from release import io
+
+    def raising(*args: object, **kwargs: object) -> None:
+        raise error
+
+    real_usage = shutil.disk_usage
+    monkeypatch.setattr(io.shutil, "disk_usage", lambda path: real_usage(path)._replace(free=free))
+    monkeypatch.setattr(where, raising)
+    dist = tmp_path / "dist"
+    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", dist)
+    assert result.exit_code == 2, result.output
+    assert f"error: {dist / REPO}: the disk ran out of space while it was written" in result.output, result.output
+    assert "free space on it or write the outputs to another disk" in result.output
+    assert not dist.exists() or os.listdir(dist) == []
+    monkeypatch.setattr(io.shutil, "disk_usage", real_usage)
+    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", dist)
+    # the same failure with room on the disk: only an error that says so is a full disk
+    assert result.exit_code == (2 if "No space left" in str(error) else 1), result.output
 
 
 def test_same_inputs_give_byte_identical_builds(tiny: Path, cheap_builds: Path, tmp_path: Path) -> None:
