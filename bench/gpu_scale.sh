@@ -20,6 +20,8 @@
 #      up to $WAIT seconds (default 540) per command, then stopped with SIGTERM if $STOP is set; its reports, log and
 #      profile into OUT once it is done.
 # Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]
+#   WORK outside the checkout (e.g. /root/w) or ignored by git: the device tool replaces a checkout's untracked files
+#   at each call, and a sweep that spans calls loses its source and builds with them
 #   steps: setup floor build eval profile capped-build capped-eval gptq probe init sweep-start sweep-wait (default:
 #   the first five)
 #   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from init), FIXTURE_ARGS, CAP, GPU_GIB, WAIT, STOP,
