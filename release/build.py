@@ -87,8 +87,8 @@ def capture_calibration(request: BuildRequest, observations: list[Observation],
 
     One file per observation under a folder keyed by source revision, observation set, policy settings and device,
     so an interrupted capture resumes where it stopped and a changed input captures anew. Returns the folder and,
-    when this process captured, the policy's BF16 transformer (the source's, already placed: the builds may take it
-    instead of reading the source again).
+    when this process captured on a GPU without a memory cap, the policy's BF16 transformer (the source's, on the GPU:
+    the builds may take it instead of reading the source again, :class:`release.source.SourceModel`).
     """
     from release.distributed import world
     from release.policy import capture_calls, compute_device, free_memory, load_pipeline, rollout, settings_digest
@@ -117,9 +117,12 @@ def capture_calibration(request: BuildRequest, observations: list[Observation],
                 torch.save(calls, path.with_suffix(".tmp"))
                 os.replace(path.with_suffix(".tmp"), path)
                 progress.advance(task)
-        transformer = pipe.transformer
+        from release.memory import cap
+
+        if compute_device() == "cuda" and cap() is None:
+            transformer = pipe.transformer
         del pipe
-        free_memory()  # the rest of the pipeline, before the builds place their models
+        free_memory()  # the pipeline (but a transformer kept), before the builds place their models
     world().barrier()  # every rank's share is on disk
     return folder, transformer
 
@@ -207,7 +210,7 @@ def run_builds(request: BuildRequest) -> bool:
 
     from release.distributed import world
     from release.export import export_build
-    from release.policy import compute_device, map_tensors
+    from release.policy import compute_device, free_memory, map_tensors
     from release.recipes import Observer, changes_weights, max_weight_error, quantize, steps
     from release.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 
@@ -226,7 +229,9 @@ def run_builds(request: BuildRequest) -> bool:
     device = compute_device()
     with stage("load the source"):
         source = SourceModel(request.source, device, policy_transformer)
-        del policy_transformer
+        if policy_transformer is not None:
+            del policy_transformer  # what the source did not take of it is collected before the builds start
+            free_memory()
     # the reference first: in one process every other build is then verified against it as soon as it is made (a
     # sweep's builds need not all be on disk at once); under torchrun a rank that does not make the reference
     # verifies its builds once every rank is done
