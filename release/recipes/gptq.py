@@ -94,10 +94,11 @@ HESSIAN_HEADROOM = 8 * 2**30  # GPU memory left free beside the Hessians: the He
 def hessian_on_cpu(free: int, capped: bool) -> bool:
     """Where the next Linear's Hessian goes (``free``: the GPU's free bytes). ModelOpt puts it on the CPU once 65% of
     the GPU is in use, whatever is left: on an H200 42 of the Nano's 504 fp32 Hessians (71 GB) went to the CPU, their
-    updates 41 s of a 151 s build, with 45 GB still free. Here a Hessian stays on the GPU while ``HESSIAN_HEADROOM``
-    remains free. Under a memory cap every Hessian goes to the CPU: the cap's room beside the resident layers is the
-    forward's (``release.memory.RESERVE``), and the GPU's own free memory does not see the cap. The Hessians sum in
-    the same IEEE operations on either device (the products are computed on the GPU either way)."""
+    updates 41 s of a 151 s build, with a third of the GPU still free. Here a Hessian stays on the GPU while
+    ``HESSIAN_HEADROOM`` remains free. Under a memory cap every Hessian goes to the CPU: the cap's room beside the
+    resident layers is the forward's (``release.memory.RESERVE``), and the GPU's own free memory does not see the
+    cap. The Hessians sum in the same IEEE operations on either device (the products are computed on the GPU either
+    way)."""
     return capped or free < HESSIAN_HEADROOM
 
 
