@@ -131,10 +131,7 @@ def atomic_dir(final: Path) -> Iterator[Path]:
         replace_dir(tmp, final)
         ok = True
     except Exception as exc:
-        full = disk_full(tmp, exc)
-        if full is not None:  # said before the partial folder is removed: then the disk has room again
-            raise ReleaseError(f"{final}: the disk ran out of space while it was written ({full}); free space on "
-                               "it or write the outputs to another disk") from exc
+        _refuse_full_disk(final, tmp, exc)  # said before the partial folder is removed: then the disk has room again
         raise
     finally:
         if tmp.exists():
@@ -164,11 +161,28 @@ def disk_full(path: Path, exc: BaseException) -> str | None:
     return f"{free / 2**20:.0f} MiB free" if said or free < FULL_DISK else None
 
 
+def _refuse_full_disk(final: Path, written: Path, exc: BaseException) -> None:
+    """A one-line error naming ``final`` when writing ``written`` failed on a full disk (:func:`disk_full`)."""
+    full = disk_full(written, exc)
+    if full is not None:
+        raise ReleaseError(f"{final}: the disk ran out of space while it was written ({full}); free space on it or "
+                           "write the outputs to another disk") from exc
+
+
 def atomic_write(path: Path, data: bytes | str) -> None:
+    """``path`` holds ``data`` whole, or its old content: a failed write leaves no temporary (a full disk: a one-line
+    error naming ``path``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except Exception as exc:
+        try:
+            _refuse_full_disk(path, tmp, exc)
+        finally:
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_json(path: Path, obj: Any) -> None:

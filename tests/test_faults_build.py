@@ -260,3 +260,34 @@ def test_a_terminated_build_leaves_no_output_and_keeps_its_profile(tiny: Path, t
     assert not dist.exists() or os.listdir(dist) == []
     stages = [s["stage"] for s in json.loads(profile.read_text())["stages"]]
     assert stages and "build rtn" not in stages
+
+
+def test_a_file_written_on_a_full_disk_keeps_its_old_content_and_leaves_no_temporary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The single files written in place (verification reports, provenance, JSON tables): a write that the disk cuts
+    short leaves the old file whole and no temporary beside it, and says so in one line naming the file; any other
+    failure is re-raised as it was, its temporary removed too."""
+    from release import ReleaseError
+    from release.io import atomic_write
+
+    target = tmp_path / "verification" / "report.json"
+    atomic_write(target, "old\n")
+    write_bytes = Path.write_bytes
+
+    def cut_short(self: Path, data: bytes) -> int:
+        write_bytes(self, data[:2])
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", cut_short)
+    with pytest.raises(ReleaseError, match=r"report\.json: the disk ran out of space while it was written"):
+        atomic_write(target, "new content\n")
+    assert target.read_text() == "old\n" and os.listdir(target.parent) == ["report.json"]
+
+    def refused(self: Path, data: bytes) -> int:
+        write_bytes(self, data[:2])
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "write_bytes", refused)
+    with pytest.raises(PermissionError):
+        atomic_write(target, "new content\n")
+    assert target.read_text() == "old\n" and os.listdir(target.parent) == ["report.json"]

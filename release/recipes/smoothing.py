@@ -109,9 +109,7 @@ def group_errors(x: torch.Tensor, amax_x: torch.Tensor, weights: list[torch.Tens
     per-channel weights with per-token inputs. The BF16 outputs are computed once for all scales, and the errors
     read from the device once (one wait for the GPU per group, not two per weight and scale)."""
     refs = [x @ w.T for w in weights]
-    den = 0.0
-    for ref in refs:
-        den += float((ref**2).sum())
+    den = sum((float((ref**2).sum()) for ref in refs), 0.0)
     sums = []
     for s in scales:
         xs = x if s is None else x / s
@@ -123,14 +121,8 @@ def group_errors(x: torch.Tensor, amax_x: torch.Tensor, weights: list[torch.Tens
             ws = w if s is None else (w * s).to(torch.bfloat16).float()
             amax_w = ws.abs().amax(dim=1, keepdim=True) if scheme == per_channel.SCHEME else ws.abs().max()
             sums.append(((xq @ qdq(ws, amax_w).T - ref) ** 2).sum())
-    values = torch.stack(sums).tolist()
-    errors = []
-    for i in range(len(scales)):
-        num = 0.0
-        for value in values[i * len(weights):(i + 1) * len(weights)]:
-            num += value
-        errors.append(num / max(den, 1e-30))
-    return errors
+    values = torch.stack(sums).tolist()  # summed per scale in the weights' order, as before: the same floats
+    return [sum(values[i * len(weights):(i + 1) * len(weights)], 0.0) / max(den, 1e-30) for i in range(len(scales))]
 
 
 def folded(anchor: torch.Tensor, linears: list[torch.Tensor], s: torch.Tensor,
