@@ -209,9 +209,9 @@ def run_builds(request: BuildRequest) -> bool:
     import modelopt
 
     from release.distributed import world
-    from release.export import export_build
+    from release.export import export_build, reserve_staging
     from release.policy import compute_device, free_memory, map_tensors
-    from release.recipes import Observer, changes_weights, max_weight_error, quantize, steps
+    from release.recipes import ObserverPasses, changes_weights, max_weight_error, observes_source, quantize, steps
     from release.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 
     config = check_architecture(request.source)
@@ -221,12 +221,13 @@ def run_builds(request: BuildRequest) -> bool:
     if not calibration:
         raise ReleaseError(f"{request.observations}: no observation from the calibration labs "
                            f"({', '.join(request.release.calibration_labs)})")
+    device = compute_device()
+    reserve_staging(request.source, device)
     folder, policy_transformer = capture_calibration(request, calibration, revision)
     with stage("load the calibration capture"):
         data = CalibrationData.load(folder, calibration)
     for build in request.builds:  # every build's data is checked before the first one is made
         data.calibration_calls(build), data.algorithm_calls(build)
-    device = compute_device()
     with stage("load the source"):
         source = SourceModel(request.source, device, policy_transformer)
         if policy_transformer is not None:
@@ -238,13 +239,13 @@ def run_builds(request: BuildRequest) -> bool:
     builds = sorted(request.builds, key=lambda b: b.name != REFERENCE_BUILD)
     reference_ready = REFERENCE_BUILD not in {b.name for b in builds}
     verifier, ok, later = Verifier(source), True, []
-    observed: dict[str, Observer] = {}  # the observer passes of builds that observe the same model on the same calls
 
     def verification(build: BuildConfig) -> VerifyRequest:
         return VerifyRequest.create(build.name, request.out, None, request.source, request.observations,
                                     require_reference=False)
 
     mine = world().share(builds)
+    observed = ObserverPasses(b.calibrator for b in mine if observes_source(b))
     with _progress() as progress:
         task = progress.add_task(f"{world().tag}builds", total=len(mine))
         for build in mine:

@@ -16,6 +16,7 @@ import hashlib
 import io
 import json
 import shutil
+import threading
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -201,15 +202,30 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
 
 HASH_THREADS = 8  # hashlib releases the GIL on large buffers: the codes of a 5 GB shard in ~0.7 s (H200 machine)
 _STAGING: list[torch.Tensor] = []  # one page-locked buffer per process, reused by every build's export
+_STAGING_LOCK = threading.Lock()
+STAGING_SLACK = 1 << 24  # a shard's tensors each start on 16 bytes: room for the padding of a million of them
 
 
 def _staging(nbytes: int) -> torch.Tensor:
     """A page-locked buffer of at least ``nbytes``, kept for the process: page-locking fresh host memory costs as much
     as the copy it speeds up (1.3 GB/s on the H200 machine, BENCHMARKS.md), so one shard's worth is locked once and
     every shard of every build passes through it, at the link's speed."""
-    if not _STAGING or _STAGING[0].numel() < nbytes:
-        _STAGING[:] = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)]
-    return _STAGING[0]
+    with _STAGING_LOCK:
+        if not _STAGING or _STAGING[0].numel() < nbytes:
+            _STAGING[:] = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)]
+        return _STAGING[0]
+
+
+def reserve_staging(source: Path, device: str) -> None:
+    """Lock the export's staging buffer for shards like ``source``'s (the largest, and the tensors' padding) in a
+    thread, while the capture and the first quantization run: 4 s of the first build's export at the Nano's size
+    otherwise. For builds on CUDA without a memory cap only (elsewhere the exported model is in CPU memory and its
+    shards are written from its own tensors)."""
+    from release.memory import cap
+
+    if device == "cuda" and cap() is None:
+        threading.Thread(target=_staging, args=(_shard_size(source / "transformer") + STAGING_SLACK,),
+                         daemon=True).start()
 
 
 def _aligned(nbytes: int) -> int:

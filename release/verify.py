@@ -15,7 +15,7 @@ import json
 import os
 import stat
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -728,8 +728,9 @@ def gate(folder: Path, report: Report | None) -> str | None:
 class Verifier:
     """Verifies builds and prints each summary, reading each source's transformer once however many builds of it
     it verifies. ``source``: the build's source model; where its tensors stay on the GPU
-    (:class:`release.source.SourceModel`) and equal the files' byte for byte (compared once), the checks read them
-    there instead of copying the files' tensors to the GPU for every build."""
+    (:class:`release.source.SourceModel`) and equal the files' byte for byte, the checks read them there instead of
+    copying the files' tensors to the GPU for every build. The comparison starts at once, in a thread, so that it
+    runs while the first build is made (5 s of a Nano build on an H200, BENCHMARKS.md)."""
 
     def __init__(self, source: SourceModel | None = None) -> None:
         from rich.console import Console
@@ -737,6 +738,16 @@ class Verifier:
         self.console = Console(width=160)
         self.sources: dict[Path, dict[str, torch.Tensor]] = {}
         self.resident = source if source is not None and source.resident else None
+        self.compared: Future[bool] | None = None
+        if self.resident is not None:
+            comparing = ThreadPoolExecutor(1)
+            self.compared = comparing.submit(_files_hold, self.resident.folder / "transformer", self.resident.state)
+            comparing.shutdown(wait=False)  # the comparison runs on; its result is awaited by the first verification
+
+    def _resident_state(self, source: Path) -> dict[str, torch.Tensor] | None:
+        if self.resident is None or self.compared is None or self.resident.folder != source:
+            return None
+        return self.resident.state if self.compared.result() else None
 
     def __call__(self, request: VerifyRequest) -> bool:
         """Verify one build; True when no check failed (skipped ones are shown)."""
@@ -744,9 +755,9 @@ class Verifier:
             self.sources.clear()
             problems: list[str] = []
             with stage("verify: read the source"):
-                tensors = _tensors(request.source / "transformer", problems)
-                if self.resident is not None and self.resident.folder == request.source and not problems:
-                    tensors = _same_tensors(tensors, self.resident.state)
+                tensors = self._resident_state(request.source)
+                if tensors is None:
+                    tensors = _tensors(request.source / "transformer", problems)
             if not problems:
                 self.sources[request.source] = tensors
         with stage(f"verify {request.build.name}"):
@@ -755,12 +766,24 @@ class Verifier:
         return all(c.status != "failed" for c in checks)
 
 
-def _same_tensors(files: dict[str, torch.Tensor], resident: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``resident`` where it holds exactly the files' tensors (names, dtypes, shapes, bytes), else ``files``."""
-    same = files.keys() == resident.keys() and all(
-        files[k].dtype == v.dtype and files[k].shape == v.shape and torch.equal(files[k].to(v.device), v)
-        for k, v in resident.items())
-    return resident if same else files
+def _files_hold(folder: Path, resident: dict[str, torch.Tensor]) -> bool:
+    """Whether the shards of ``folder`` hold exactly ``resident``'s tensors (names, dtypes, shapes, bytes), read one
+    tensor at a time; False on any shard it cannot read (the checks then read the files and name the problem)."""
+    from safetensors import safe_open
+
+    seen: set[str] = set()
+    try:
+        for shard in sorted(folder.glob("*.safetensors")):
+            with safe_open(shard, framework="pt") as f:
+                for key in f.keys():
+                    kept, read = resident.get(key), f.get_tensor(key)
+                    if kept is None or key in seen or read.dtype != kept.dtype or read.shape != kept.shape \
+                            or not torch.equal(read.to(kept.device), kept):
+                        return False
+                    seen.add(key)
+    except Exception:  # an unreadable shard: the checks that read the files name it
+        return False
+    return seen == resident.keys()
 
 
 def verify_builds(requests: list[VerifyRequest]) -> bool:

@@ -371,24 +371,26 @@ def test_the_card_says_which_builds_share_their_codes(campaign: Path) -> None:
 
 def test_builds_that_observe_the_source_alike_share_one_observer_pass(campaign: Path, tiny: Path, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """In one run, builds that observe the unchanged source on the same calls with the same calibrator (RTN, GPTQ and
-    their per-channel siblings) take one observer pass; a smoothed or otherwise calibrated build runs its own. The
-    bytes are those of the same builds made with another build's pass (the campaign: after RTN's)."""
+    """In one run, builds that observe the unchanged source on the same calls (RTN, GPTQ, the observer builds and
+    their per-channel siblings) take one observer pass, which records every calibrator they use; a smoothed build
+    runs its own. The bytes are those of the same builds made in the campaign, where the pass ran in another order."""
     monkeypatch.setenv("RELEASE_PROFILE", str(tmp_path / "profile.json"))
     dist = tmp_path / "dist"
-    result = invoke("build", "pc_gptq", "rtn_mavg", "pc_rtn", "sq_auto", "--source", tiny / "source",
+    result = invoke("build", "pc_gptq", "rtn_mavg", "rtn_hist", "pc_rtn", "sq_auto", "--source", tiny / "source",
                     "--observations", tiny / "observations", "--out", dist)
     assert result.exit_code == 0, result.output
     timeline = [e["stage"] for e in json.loads((tmp_path / "profile.json").read_text())["timeline"]
                 if e["stage"].startswith("build ") or e["stage"] == "quantize: observer pass"]
-    assert timeline == ["quantize: observer pass", "build pc_gptq", "quantize: observer pass", "build rtn_mavg",
-                        "build pc_rtn", "quantize: observer pass", "build sq_auto"]
-    for build in ("pc_gptq", "pc_rtn"):
+    assert timeline == ["quantize: observer pass", "build pc_gptq", "build rtn_mavg", "build rtn_hist", "build pc_rtn",
+                        "quantize: observer pass", "build sq_auto"]
+    for build in ("pc_gptq", "rtn_mavg", "rtn_hist", "pc_rtn"):
         files = [*sorted((campaign / REPO[build] / "transformer").glob("*.safetensors")),
-                 campaign / REPO[build] / "modelopt_state.pth"]
+                 campaign / REPO[build] / "modelopt_state.pth", campaign / REPO[build] / "transformer" / "config.json"]
         for theirs in files:
             ours = dist / theirs.relative_to(campaign)
             assert ours.read_bytes() == theirs.read_bytes(), ours
+    mavg, hist = (_provenance(dist / REPO[b])["fp8"]["input_amax"] for b in ("rtn_mavg", "rtn_hist"))
+    assert mavg.keys() == hist.keys() and mavg != hist  # each took its own calibrator's values from the one pass
 
 
 def test_layer_by_layer_max_calibration_by_hooks_is_modelopts(campaign: Path, tiny: Path, tmp_path: Path,
@@ -408,3 +410,32 @@ def test_layer_by_layer_max_calibration_by_hooks_is_modelopts(campaign: Path, ti
     for ours in [*sorted((tmp_path / "dist" / theirs.name / "transformer").glob("*.safetensors")),
                  tmp_path / "dist" / theirs.name / "modelopt_state.pth"]:
         assert ours.read_bytes() == (theirs / ours.relative_to(tmp_path / "dist" / theirs.name)).read_bytes(), ours
+
+
+def test_layer_by_layer_inputs_are_modelopts_on_a_deeper_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """Layer by layer, each next layer's inputs are the calibrated layer's outputs on its own inputs
+    (release.recipes.observers._next_layer_inputs), not ModelOpt's forward of every call up to that layer. The tiny
+    model has two decoder layers, so only the first layer's outputs are ever needed; on four, the seed's AutoRound
+    build is ModelOpt's own byte for byte."""
+    import contextlib
+
+    import release.fixture
+    import release.recipes
+
+    deeper = {**release.fixture.TINY_TRANSFORMER, "num_hidden_layers": 4}
+    monkeypatch.setitem(release.fixture.SIZES, "tiny", (deeper, release.fixture.TINY_VAE, "400KB"))
+    release.fixture.write_fixture(tmp_path / "fixture")
+    folders = []
+    for way in ("hooks", "modelopt"):
+        if way == "modelopt":
+            monkeypatch.setattr(release.recipes, "observed_layers", contextlib.nullcontext)
+        result = invoke("build", "autoround", "--source", tmp_path / "fixture" / "source", "--observations",
+                        tmp_path / "fixture" / "observations", "--out", tmp_path / way)
+        assert result.exit_code == 0, result.output
+        folders.append(tmp_path / way / REPO["autoround"])
+    ours, theirs = folders
+    files = [*sorted((theirs / "transformer").glob("*.safetensors")), theirs / "modelopt_state.pth"]
+    assert len(files) > 2 and "layers.3.mlp.down_proj.input_quantizer._amax" in _tensors(theirs)
+    for file in files:
+        assert (ours / file.relative_to(theirs)).read_bytes() == file.read_bytes(), file

@@ -356,3 +356,35 @@ def test_gptq_hessians_sum_the_same_on_the_gpu_and_on_the_cpu(monkeypatch: pytes
         assert calib_utils.GPTQHelper(linear, "x", offload_to_cpu=True).hessian.is_cuda
         monkeypatch.setattr(memory, "_CAP", [22 * 2**30])
         assert not calib_utils.GPTQHelper(linear, "x", offload_to_cpu=True).hessian.is_cuda
+
+
+def test_a_weight_steps_start_is_the_smoothed_models_weight_bit_for_bit(tiny: Path) -> None:
+    """A smoothed GPTQ build's reconstruction error starts from the smoothed weights; they are folded from the
+    source's tensors when read instead of copied from the model before GPTQ changes it: every quantized Linear's equals
+    the model's after the folds, an ``up_proj`` folded twice (its norm's group, then as ``down_proj``'s anchor)."""
+    from release.recipes import _Start
+    from release.recipes.base import Quantized, module_weight, quantized_linears_of
+    from release.recipes.smoothing import _fold, smoothing_groups
+
+    source = SourceModel(tiny / "source")
+    before = {k: v.clone() for k, v in source.state.items()}
+    model = source.instantiate("cpu")
+    names = quantized_linears_of(model, load_build("sq_auto_gptq"))
+    groups = smoothing_groups(1 + max(int(n.split(".")[1]) for n in names), set(names), True)
+    result, generator = Quantized(model), torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for g in groups:
+            s = torch.rand(module_weight(model, g.anchor).shape[0], generator=generator) + 0.5
+            _fold(model, g, s)
+            result.alpha_table.append({"group": g.anchor, "linears": list(g.linears)})
+            result.smoothing_scales[g.anchor] = s
+    twice = {n for g in groups for n in g.linears} & {g.anchor for g in groups}
+    assert twice and all(n.endswith("up_proj") for n in twice)
+    start = _Start(source.state, names, result, "cpu")
+    assert list(start) == names
+    changed = 0
+    for name in names:
+        assert torch.equal(start[name].view(torch.int16), module_weight(model, name).view(torch.int16)), name
+        changed += not torch.equal(start[name], before[f"{name}.weight"])
+    assert changed == len({n for g in groups for n in g.linears} | twice)
+    assert all(torch.equal(v, before[k]) for k, v in source.state.items())  # the source itself is left as it was

@@ -144,15 +144,22 @@ def test_layout_classifies_eval_results_as_sidecars(rtn_build: Path, tmp_path: P
     assert check.details["files_one_side"]["results/deployed-validation.npz"] == "tool sidecar"
 
 
-def test_a_resident_source_is_read_only_where_it_equals_the_files() -> None:
+def test_a_resident_source_is_read_only_where_it_equals_the_files(tmp_path: Path) -> None:
     """A sweep's verification reads the source's tensors where the build keeps them (on the GPU) only once they were
     found equal to the files in name, dtype, shape and bytes; otherwise from the files, as a lone verify does."""
-    from release.verify import _same_tensors
+    from safetensors.torch import save_file
+
+    from release.verify import _files_hold
 
     files = {"a.weight": torch.arange(6.0).reshape(2, 3), "b.weight": torch.ones(4, dtype=torch.bfloat16)}
+    save_file({"a.weight": files["a.weight"]}, tmp_path / "one.safetensors")
+    save_file({"b.weight": files["b.weight"]}, tmp_path / "two.safetensors")
     resident = {k: v.clone() for k, v in files.items()}
-    assert _same_tensors(files, resident) is resident
+    assert _files_hold(tmp_path, resident)
     for other in ({**resident, "a.weight": resident["a.weight"] + 1},
                   {**resident, "a.weight": files["a.weight"].double()},
-                  {**resident, "b.weight": resident["b.weight"][:2]}, {"a.weight": resident["a.weight"]}):
-        assert _same_tensors(files, other) is files
+                  {**resident, "b.weight": resident["b.weight"][:2]}, {"a.weight": resident["a.weight"]},
+                  {**resident, "c.weight": resident["a.weight"]}):
+        assert not _files_hold(tmp_path, other)
+    (tmp_path / "two.safetensors").write_bytes(b"not a shard")
+    assert not _files_hold(tmp_path, resident)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -34,11 +35,11 @@ from release.recipes.base import (
     sample_rows,
 )
 from release.recipes.gptq import Gptq
-from release.recipes.observers import Observer, observed_layers, tail_quantiles
-from release.recipes.smoothing import Awq, SmoothQuant, folded
+from release.recipes.observers import Observer, ObserverPasses, observed_layers, tail_quantiles
+from release.recipes.smoothing import Awq, SmoothQuant, folded, smoothed_weight
 
-__all__ = ["RECIPES", "Observer", "Quantized", "changes_weights", "folded", "max_weight_error", "quant_config",
-           "quantize", "quantized_linears", "steps", "tail_quantiles"]
+__all__ = ["RECIPES", "Observer", "ObserverPasses", "Quantized", "changes_weights", "folded", "max_weight_error",
+           "observes_source", "quant_config", "quantize", "quantized_linears", "steps", "tail_quantiles"]
 
 RECIPES: dict[str, Step] = {step.name: step for step in (Step(), SmoothQuant(), Awq(), Gptq(), AutoRound())}
 RECONSTRUCTION_ROWS = 32  # activation rows per algorithm call kept for the reconstruction error
@@ -53,13 +54,19 @@ def changes_weights(build: BuildConfig) -> bool:
     return any(step.changes_weights(build) for step in steps(build))
 
 
+def observes_source(build: BuildConfig) -> bool:
+    """Whether the build's calibrator observes the source model as it is: no step transforms it first and ModelOpt
+    does not calibrate it layer by layer (its observer pass can then be another build's, :class:`ObserverPasses`)."""
+    return not build.layerwise and not any(step.transforms(build) for step in steps(build))
+
+
 def max_weight_error(build: BuildConfig) -> float | None:
     bounds = [b for step in steps(build) if (b := step.max_weight_error(build)) is not None]
     return max(bounds) if bounds else None
 
 
 def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, Any]],
-             algorithm_calls: list[dict[str, Any]], observed: dict[str, Observer] | None = None,
+             algorithm_calls: list[dict[str, Any]], observed: ObserverPasses | None = None,
              source: dict[str, torch.Tensor] | None = None) -> Quantized:
     """Apply the build's recipe to ``model`` (BF16, on the device the calls are on) and calibrate it with ModelOpt:
     smoothing first, then a weight step that tunes the BF16 weights (auto-round), then ModelOpt's quantization with
@@ -67,12 +74,12 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
     GPTQ's Hessians: the algorithm calls), then the calibrator's input scales and any step that works on the
     calibrated model.
 
-    ``observed``: the observer passes of the builds made before from the same source and calibration calls (``release
-    build --all``): a build that observes the source model as it is (no step transforms it first) with the same
-    calibrator, Linears and calls takes that pass's observer instead of running the calls again (RTN, GPTQ and their
-    per-channel siblings: one pass). ``source``: the source's tensors ``model`` was made from; a weight step that
-    starts from them unsmoothed reads its starting weights there for the reconstruction error instead of copying the
-    model's (30 GB to the CPU: 23 s of a Nano GPTQ build on an H200, BENCHMARKS.md)."""
+    ``observed``: the observer passes of the run's builds (``release build --all``): a build that observes the source
+    model as it is (:func:`observes_source`) takes its calibrator's observer from the pass that recorded it (RTN,
+    GPTQ, the observer builds and their per-channel siblings: one pass). ``source``: the source's tensors ``model``
+    was made from; a weight step reads its starting weights there for the reconstruction error, smoothed as the
+    recipe smoothed the model (:class:`_Start`), instead of copying the model's (30 GB to the CPU: 15-23 s of a Nano
+    GPTQ build on an H200, BENCHMARKS.md)."""
     import modelopt.torch.quantization as mtq
 
     ctx = Context(build, Quantized(model), calls, algorithm_calls)
@@ -84,12 +91,12 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
         if not step.changes_weights(build):
             step.before(ctx)
     weighing = changes_weights(build)  # the weights the weight step starts from, and their inputs
-    smoothed = any(step.transforms(build) for step in recipe if not step.changes_weights(build))
-    if weighing and source is not None and not smoothed:
-        start = {n: source[f"{n}.weight"] for n in names}  # the same values, where the source is kept
-    else:  # offloaded weights (a bounded build) read from their copies
-        weights = state_dict(model) if weighing else {}
-        start = {n: weights[f"{n}.weight"].detach().to("cpu", copy=True) for n in names} if weighing else {}
+    start: Mapping[str, torch.Tensor] = {}
+    if weighing and source is not None:  # the same values, where the source is kept (smoothed when read)
+        start = _Start(source, names, ctx.result, execution_device(model))
+    elif weighing:
+        weights = state_dict(model)
+        start = {n: weights[f"{n}.weight"].detach().to("cpu", copy=True) for n in names}
     rows: dict[str, torch.Tensor] = {}
     if weighing:
         with stage("quantize: input rows for the reconstruction error"):
@@ -102,13 +109,8 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
         register_decoder_layers()
     observer = Observer(build.calibrator, names)
     if not build.layerwise:  # layer by layer, ModelOpt's calibration runs the calls through the model itself
-        sharing = {} if observed is None or any(step.transforms(build) for step in recipe) else observed
-        key = f"{build.calibrator.model_dump_json()}|{len(calls)}|{','.join(names)}"
-        if key not in sharing:
-            with stage("quantize: observer pass"):
-                observer.observe(model, calls)
-            sharing[key] = observer
-        observer = sharing[key]
+        shared = observed if observed is not None and observes_source(build) else ObserverPasses()
+        observer = shared.observer(model, build.calibrator, names, calls)
     passes = [0]
 
     @torch.no_grad()
@@ -150,6 +152,28 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
     return ctx.result
 
 
+class _Start(Mapping[str, torch.Tensor]):
+    """The weights a weight step starts from, read from the source's tensors when asked for, with the recipe's
+    smoothing folded in (:func:`smoothed_weight`: the same bits as the smoothed model's), instead of a copy of the
+    model's weights made before the step changes them (30 GB to the CPU: 15-23 s of a smoothed GPTQ build at the
+    Nano's size on an H200, BENCHMARKS.md)."""
+
+    def __init__(self, source: dict[str, torch.Tensor], names: list[str], result: Quantized, device: str) -> None:
+        self.source, self.names, self.result, self.device = source, names, result, device
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self.names:
+            raise KeyError(name)
+        return smoothed_weight(self.source[f"{name}.weight"].to(self.device), name, self.result.alpha_table,
+                               self.result.smoothing_scales)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
 def _input_rows(model: torch.nn.Module, names: list[str], calls: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
     """Evenly spaced input rows of every quantized Linear on ``calls`` (BF16 model, before any weight step), kept on
     the CPU for the reconstruction error."""
@@ -169,7 +193,7 @@ def _rtn(weight: torch.Tensor, build: BuildConfig, arithmetic: str, device: str)
     return dequantize(*weight_codes(w, amax, arithmetic, device))
 
 
-def reconstruction(model: torch.nn.Module, build: BuildConfig, start: dict[str, torch.Tensor],
+def reconstruction(model: torch.nn.Module, build: BuildConfig, start: Mapping[str, torch.Tensor],
                    rows: dict[str, torch.Tensor]) -> list[dict[str, Any]]:
     """Per quantized Linear, on calibration rows X of the algorithm calls: the relative output error
     ``|X Wq^T - X W^T|^2 / |X W^T|^2`` of the build's FP8 weight Wq and of round-to-nearest's, W the weight before the

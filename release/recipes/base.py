@@ -115,10 +115,10 @@ def register_decoder_layers() -> None:
     Face language models only, and fails with "Could not find transformer layers" on a diffusers model)."""
     from modelopt.torch.quantization.utils.layerwise_calib import LayerActivationCollector
 
-    LayerActivationCollector.register_decoder_layer_support(_is_cosmos3, _decoder_layers)
+    LayerActivationCollector.register_decoder_layer_support(is_cosmos3, _decoder_layers)
 
 
-def _is_cosmos3(model: torch.nn.Module) -> bool:
+def is_cosmos3(model: torch.nn.Module) -> bool:
     from diffusers import Cosmos3OmniTransformer
 
     return isinstance(model, Cosmos3OmniTransformer)

@@ -11,14 +11,15 @@ ModelOpt's max calibrator collects, in one pass of the BF16 model with a hook pe
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from release.config import Calibrator
-from release.recipes.base import FiniteCheck, input_hooks
+from release.profile import stage
+from release.recipes.base import FiniteCheck, input_hooks, is_cosmos3
 
 
 def tail_quantiles(x: torch.Tensor, q: float) -> torch.Tensor:
@@ -59,9 +60,16 @@ class Observer:
         self.finite = FiniteCheck()
 
     @torch.no_grad()
-    def observe(self, model: torch.nn.Module, calls: list[dict[str, Any]]) -> None:
-        """Record the input of every observed Linear over ``calls``."""
-        with input_hooks(model, self.names, self.record):
+    def observe(self, model: torch.nn.Module, calls: list[dict[str, Any]], also: Sequence[Observer] = ()) -> None:
+        """Record the input of every observed Linear over ``calls``, into this observer and into ``also``'s (other
+        calibrators of the same Linears: one forward for all; the inputs are checked for finiteness once)."""
+
+        def record(name: str, x: torch.Tensor) -> None:
+            self.record(name, x)
+            for other in also:
+                other.collect(name, x)
+
+        with input_hooks(model, self.names, record):
             for index, call in enumerate(calls):
                 self.call = index
                 model(**call)
@@ -69,6 +77,9 @@ class Observer:
 
     def record(self, name: str, x: torch.Tensor) -> None:
         self.finite.record(x, name, self.call)
+        self.collect(name, x)
+
+    def collect(self, name: str, x: torch.Tensor) -> None:
         cur_max = x.abs().amax()
         self.max[name] = cur_max if name not in self.max else torch.maximum(self.max[name], cur_max)
         method = self.calibrator.method
@@ -94,6 +105,35 @@ class Observer:
         return {}
 
 
+
+class ObserverPasses:
+    """The observer passes of one run's builds (``release build --all``) that observe the source model as it is (no
+    step transforms it first): the first such build's pass records, in one forward of the calibration calls, every
+    calibrator these builds use (RTN's max, the moving averages, range shrink, the histogram), and each later build
+    with the same calls and Linears takes its calibrator's observer instead of running the calls again. The values
+    are those of a pass of its own: the same model (the source's tensors) on the same inputs."""
+
+    def __init__(self, calibrators: Iterable[Calibrator] = ()) -> None:
+        self.calibrators = list({c.model_dump_json(): c for c in calibrators}.values())
+        self.observers: dict[str, Observer] = {}
+
+    @staticmethod
+    def _key(calibrator: Calibrator, names: list[str], calls: list[dict[str, Any]]) -> str:
+        return f"{calibrator.model_dump_json()}|{len(calls)}|{','.join(names)}"
+
+    def observer(self, model: torch.nn.Module, calibrator: Calibrator, names: list[str],
+                 calls: list[dict[str, Any]]) -> Observer:
+        """``calibrator``'s observer of ``names`` over ``calls``, from the pass that recorded it or from a new one."""
+        key = self._key(calibrator, names, calls)
+        if key not in self.observers:
+            others = [Observer(c, names) for c in self.calibrators
+                      if c != calibrator and self._key(c, names, calls) not in self.observers]
+            observer = Observer(calibrator, names)
+            with stage("quantize: observer pass"):
+                observer.observe(model, calls, others)
+            self.observers.update({self._key(o.calibrator, names, calls): o for o in [observer, *others]})
+        return self.observers[key]
+
 @contextmanager
 def observed_layers() -> Iterator[None]:
     """ModelOpt's layer-by-layer max calibration with each decoder layer's input maxima taken by :class:`Observer`'s
@@ -101,10 +141,14 @@ def observed_layers() -> Iterator[None]:
     Python code and checks per quantizer and call cost more than the layer's compute (the seed's AutoRound builds:
     106 s of ModelOpt's calibration at the Nano's size on an H200, BENCHMARKS.md). The same values: ModelOpt's
     calibration passes the inputs through unquantized and takes their max |x| in the input's dtype; the weights keep
-    ModelOpt's weight calibration, and every other algorithm (GPTQ layer by layer) runs as it is."""
+    ModelOpt's weight calibration, and every other algorithm (GPTQ layer by layer) runs as it is. On a Cosmos3 model
+    each next layer's inputs are the calibrated layer's outputs on its own inputs (:func:`_next_layer_inputs`), where
+    ModelOpt runs every call through the model up to the next layer again, for each layer."""
     from modelopt.torch.quantization import mode, model_calib
+    from modelopt.torch.quantization.utils.layerwise_calib import LayerActivationCollector
 
     layerwise = mode.layerwise_calibrate
+    next_inputs = LayerActivationCollector.cache_outputs_for_next_layer_calib
 
     def patched(model: Any, forward_loop: Any, calib_func: Callable[..., Any], **kwargs: Any) -> Any:
         if calib_func is not model_calib.max_calibrate:
@@ -115,11 +159,36 @@ def observed_layers() -> Iterator[None]:
 
         return layerwise(model, forward_loop, calib_func=calibrate, **kwargs)
 
+    def cached(collector: Any, layer: torch.nn.Module, forward_loop: Any) -> list[Any]:
+        if not is_cosmos3(collector.model):
+            return next_inputs(collector, layer, forward_loop)
+        following: Any = collector._decoder_layers[collector._layer_to_idx[layer] + 1]._layerwise_calib
+        following.collected_inputs = _next_layer_inputs(layer)  # where the layer after it finds them, as ModelOpt's
+        return list(following.collected_inputs)
+
     mode.layerwise_calibrate = patched
+    LayerActivationCollector.cache_outputs_for_next_layer_calib = cached
     try:
         yield
     finally:
         mode.layerwise_calibrate = layerwise
+        LayerActivationCollector.cache_outputs_for_next_layer_calib = next_inputs
+
+
+@torch.no_grad()
+def _next_layer_inputs(layer: torch.nn.Module) -> list[Any]:
+    """The next Cosmos3 decoder layer's inputs: this layer's outputs on the inputs ModelOpt captured for it, in its
+    current state (calibrated, quantizers as ModelOpt left them), with the rotary embedding passed on, as
+    ``Cosmos3OmniTransformer._run_decoder_stack`` calls the layers (``und, gen = layer(und, gen, rotary)``).
+    ModelOpt gets them by a forward of every calibration call through the whole model up to the next layer, once per
+    layer; this runs the one layer."""
+    info: Any = layer._layerwise_calib  # ModelOpt's per-layer state; the captured inputs are dropped once used
+    inputs, info.collected_inputs = info.collected_inputs, []
+    out = []
+    for args, kwargs in inputs:
+        und, gen = layer(*args, **kwargs)
+        out.append(((und, gen, *args[2:]), kwargs))
+    return out
 
 
 @torch.no_grad()

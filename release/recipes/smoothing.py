@@ -132,8 +132,29 @@ def folded(anchor: torch.Tensor, linears: list[torch.Tensor], s: torch.Tensor,
     An RMSNorm anchor scales its per-channel weight; an ``up_proj`` anchor scales its rows, which produce
     ``down_proj``'s input channels.
     """
-    new_anchor = anchor.float() / (s[:, None] if into_linear else s)
-    return new_anchor.to(anchor.dtype), [(w.float() * s[None, :]).to(w.dtype) for w in linears]
+    return _divided(anchor, s, into_linear), [_multiplied(w, s) for w in linears]
+
+
+def _divided(anchor: torch.Tensor, s: torch.Tensor, into_linear: bool) -> torch.Tensor:
+    return (anchor.float() / (s[:, None] if into_linear else s)).to(anchor.dtype)
+
+
+def _multiplied(weight: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return (weight.float() * s[None, :]).to(weight.dtype)
+
+
+def smoothed_weight(weight: torch.Tensor, name: str, table: list[dict[str, Any]],
+                    scales: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Linear ``name``'s ``weight`` with every fold of ``table`` (the alpha table, in the order folded) that touches
+    it: the same operations :func:`folded` applied to the model, on ``weight``'s device, one Linear at a time (an
+    ``up_proj`` is a Linear of its norm's group and the anchor of ``down_proj``'s)."""
+    for row in table:
+        s = scales[row["group"]].to(weight.device)
+        if row["group"] == name:
+            weight = _divided(weight, s, True)
+        if name in row["linears"]:
+            weight = _multiplied(weight, s)
+    return weight
 
 
 def _fold(model: torch.nn.Module, group: Group, s: torch.Tensor) -> None:
