@@ -14,6 +14,7 @@
 #      capped-eval evaluates the capped build, so capped-build comes first);
 #   7. gptq: ModelOpt's GPTQ column loop against the column-wise one at the Nano's shapes (bench/gptq_columns.py);
 #   8. probe: what the bytes cost alone (bench/gpu_io_probe.py: page-locked copies, sha256, shard writes and reads);
+#   8b. extensions: ModelOpt's CUDA extensions built once for the machine (before a sweep, to time it without them);
 #   9. init: `release init WORK/proj` with $CALLS calibration calls (default 64) and $ALGO_CALLS algorithm calls
 #      (default 8) in every build file, and the sweep narrowed to $SWEEP when set (pass BUILDS_DIR=WORK/proj/builds);
 #   10. sweep-start, sweep-wait: `release build --all` (bench/gpu_sweep.sh), started in the background and waited for
@@ -22,8 +23,8 @@
 # Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]
 #   WORK outside the checkout (e.g. /root/w) or ignored by git: the device tool replaces a checkout's untracked files
 #   at each call, and a sweep that spans calls loses its source and builds with them
-#   steps: setup floor build eval profile capped-build capped-eval gptq probe init sweep-start sweep-wait (default:
-#   the first five)
+#   steps: setup floor build eval profile capped-build capped-eval gptq probe extensions init sweep-start sweep-wait
+#   (default: the first five)
 #   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from init), FIXTURE_ARGS, CAP, GPU_GIB, WAIT, STOP,
 #   CALLS, ALGO_CALLS, SWEEP
 set -euo pipefail
@@ -117,6 +118,12 @@ for step in $steps; do
       tail -c 200000 sweep/log.txt >"$out/sweep-log.txt" 2>/dev/null || true
       cp sweep/profile.json "$out/sweep-profile.json" 2>/dev/null || true  # rewritten as each outer stage ends
       if [ -f sweep/done ]; then tar -C sweep -czf "$out/sweep-kept.tgz" kept; fi ;;
+    extensions)
+      # ModelOpt builds its CUDA extensions (FP8 fake quantization among them) with the compiler the first time they
+      # are used on a machine and caches them: once per machine, as a user's first build pays it (run D of
+      # BENCHMARKS.md: likely the 58 s more of the sweep's first GPTQ build)
+      timed "ModelOpt's CUDA extensions built (modelopt.torch.quantization.extensions.precompile)" \
+        venv/bin/python -c 'from modelopt.torch.quantization.extensions import precompile; precompile()' ;;
     probe)
       timed "I/O probe" bash -c "venv/bin/python '$here/gpu_io_probe.py' fx/source/transformer '$work/probe' \
         >'$out/io_probe.md'" ;;
