@@ -105,7 +105,6 @@ class Observer:
         return {}
 
 
-
 class ObserverPasses:
     """The observer passes of one run's builds (``release build --all``) that observe the source model as it is (no
     step transforms it first): the first such build's pass records, in one forward of the calibration calls, every
@@ -133,6 +132,7 @@ class ObserverPasses:
                 observer.observe(model, calls, others)
             self.observers.update({self._key(o.calibrator, names, calls): o for o in [observer, *others]})
         return self.observers[key]
+
 
 @contextmanager
 def observed_layers() -> Iterator[None]:
