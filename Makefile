@@ -39,7 +39,7 @@ demo: venv
 	@echo "         $(DEMO)/dist/selection.json (the selection rule of builds/release.yaml applied),"
 	@echo "         $(DEMO)/hub/np-cr/<repo>/ (the local push target); tiny source in $(DEMO)/fixture/"
 
-# Extract translatable strings from templates/ and release/card.py, merge them into the Korean catalog, compile.
+# Extract translatable strings from templates/ and release/publish/card/, merge them into the Korean catalog, compile.
 i18n: venv
 	$(BIN)/pybabel extract -F babel.cfg -k _ --no-location --omit-header -o locales/messages.pot .
 	$(BIN)/pybabel update -i locales/messages.pot -d locales -l ko --ignore-obsolete --no-fuzzy-matching

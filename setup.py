@@ -1,6 +1,6 @@
 """Everything else is in pyproject.toml; this file only adds the package data a wheel needs: the card templates,
 the Babel catalogs and the default build files, copied from the checkout's top-level folders into
-``release/_data/`` (``release.data_path`` finds them there; a checkout reads its own folders)."""
+``release/_data/`` (``release.core.io.data_path`` finds them there; a checkout reads its own folders)."""
 
 import shutil
 from pathlib import Path

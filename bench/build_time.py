@@ -26,7 +26,7 @@ def timed(label: str, args: list[str]) -> None:
 
 
 def run() -> None:
-    from release.config import available_builds
+    from release.core.builds import available_builds
 
     builds = sys.argv[1:] or available_builds()
     with tempfile.TemporaryDirectory() as tmp:

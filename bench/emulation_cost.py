@@ -12,17 +12,17 @@ from pathlib import Path
 
 import torch
 
-import release.evaluate as ev
-import release.fp8 as fp8
-from release.config import load_release
-from release.observations import load_observations
-from release.policy import load_pipeline, rollout
+import release.core.fp8 as fp8
+from release.core.builds import load_release
+from release.inputs.observations import load_observations
+from release.inputs.policy import load_pipeline, rollout
+from release.quantize.load import deployed_transformer
 
 
 def main(fixture: Path, build: Path, n: int = 4) -> None:
     release = load_release()
     observations = load_observations(fixture / "observations")[:n]
-    pipe = load_pipeline(fixture / "source", release.policy, transformer=ev.deployed_transformer(build))
+    pipe = load_pipeline(fixture / "source", release.policy, transformer=deployed_transformer(build))
     for obs in observations:  # warm-up: the VAE encodes of the observations are memoised
         rollout(pipe, obs, release.policy, mixed_precision_format="none")
     exact = fp8.hopper_accumulate

@@ -1,4 +1,4 @@
-"""FP8 GEMM conformance: ``torch._scaled_mm(..., use_fast_accum=True)`` on this GPU against ``release.fp8``'s
+"""FP8 GEMM conformance: ``torch._scaled_mm(..., use_fast_accum=True)`` on this GPU against ``release.core.fp8``'s
 emulation, on random shapes (K not a multiple of 32 included) and data kinds drawn independently of the recordings
 the model was fitted to. Run it in every session that touches the deployed path; record the result in BENCHMARKS.md.
 
@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from release.fp8 import emulated_gemm, hopper_accumulate
+from release.core.fp8 import emulated_gemm, hopper_accumulate
 
 KINDS = ("normal", "outliers", "relu", "subnormal", "mixed")
 

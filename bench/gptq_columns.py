@@ -1,6 +1,6 @@
-"""ModelOpt's GPTQ column loop as ModelOpt runs it against the tool's (:func:`release.recipes.gptq.faster_update`: on a
-CPU the same loop with each column fake-quantized alone, on a CUDA GPU the fused Triton kernel): seconds per Linear and
-whether the updated weights are the same bits.
+"""ModelOpt's GPTQ column loop as ModelOpt runs it against the tool's
+(:func:`release.quantize.recipes.gptq.faster_update`: on a CPU the same loop with each column fake-quantized alone, on a
+CUDA GPU the fused Triton kernel): seconds per Linear and whether the updated weights are the same bits.
 
 One Linear of each of the Nano's four shapes divided by DIVIDE (1 on a GPU: the Nano's own; a CPU needs 4 or more),
 random weights of mixed magnitudes, a Hessian from 1,024 random tokens, FP8 weight quantizers per tensor (NVIDIA's
@@ -33,7 +33,7 @@ def run(in_f: int, out_f: int, axis: int | None, device: str, columns: bool) -> 
     from modelopt.torch.quantization.nn import TensorQuantizer
     from modelopt.torch.quantization.utils import calib_utils
 
-    from release.recipes.gptq import faster_update
+    from release.quantize.recipes.gptq import faster_update
 
     torch.manual_seed(0)
     weight = (torch.randn(out_f, in_f, device=device) * torch.logspace(-2, 0, in_f, device=device)).bfloat16().float()

@@ -74,11 +74,11 @@ def record_gemms(out: Path) -> None:
 
 
 def record_modules(out: Path, fixture: Path, build: Path) -> None:
-    from release.config import load_release
-    from release.evaluate import deployed_transformer
-    from release.observations import load_observations
-    from release.policy import load_pipeline, rollout
-    from release.recipes import quantized_linears
+    from release.core.builds import load_release
+    from release.inputs.observations import load_observations
+    from release.inputs.policy import load_pipeline, rollout
+    from release.quantize.load import deployed_transformer
+    from release.quantize.recipes import quantized_linears
 
     release = load_release()
     model = deployed_transformer(build)

@@ -4,7 +4,7 @@ Usage (CUDA machine, nvidia-modelopt and diffusers importable):
     python3 bench/gpu_deployed_check.py OUT_DIR FIXTURE_DIR BUILD_DIR [rollouts]   (rollouts: part 2 only)
 
 1. GEMMs at the Nano's widths (hidden 4096, MLP 12288) for several token counts: ``torch._scaled_mm`` with fast
-   accumulation (fp32 out, unit scales) against ``release.fp8.hopper_accumulate`` run on the same GPU, on
+   accumulation (fp32 out, unit scales) against ``release.core.fp8.hopper_accumulate`` run on the same GPU, on
    FP8 codes of N(0, 1) data: how many outputs differ (cuBLAS splitting K shows here).
 2. The tiny build's deployed rollouts on the GPU for every validation observation, once with ModelOpt's FP8 GEMM
    and once with the emulation (also on the GPU, so that nothing else differs): every FP8 Linear output of every
@@ -27,7 +27,7 @@ WIDTHS = ((4096, 4096), (4096, 12288), (12288, 4096))  # (in, out)
 
 
 def gemm_sweep() -> list[dict]:
-    from release.fp8 import hopper_accumulate
+    from release.core.fp8 import hopper_accumulate
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     one = torch.ones((), device="cuda")
@@ -52,11 +52,12 @@ def gemm_sweep() -> list[dict]:
 
 def rollouts(fixture: Path, build: Path, emulate: bool) -> tuple[np.ndarray, list[torch.Tensor], float]:
     """Actions [N, chunk, 8] for every validation observation and every FP8 Linear output, in call order."""
-    from release.config import load_release
-    from release.evaluate import deployed_transformer, select
-    from release.observations import load_observations
-    from release.policy import load_pipeline, rollout
-    from release.recipes import quantized_linears
+    from release.core.builds import load_release
+    from release.inputs.observations import load_observations
+    from release.inputs.policy import load_pipeline, rollout
+    from release.measure.evaluate import select
+    from release.quantize.load import deployed_transformer
+    from release.quantize.recipes import quantized_linears
 
     release = load_release()
     model = deployed_transformer(build, emulate=emulate)

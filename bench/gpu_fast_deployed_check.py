@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from release.fp8 import FP8_MAX
+from release.core.fp8 import FP8_MAX
 
 
 def cuda_per_tensor_forward(self: Any, input: torch.Tensor, *args: Any, scales: tuple[torch.Tensor, torch.Tensor],
@@ -107,11 +107,11 @@ def modules_check() -> list[dict[str, Any]]:
 
 
 def rollouts_check(fixture: Path, build: Path) -> dict[str, Any]:
-    from release.config import load_release
-    from release.evaluate import deployed_transformer
-    from release.observations import load_observations
-    from release.policy import load_pipeline, rollout
-    from release.recipes import quantized_linears
+    from release.core.builds import load_release
+    from release.inputs.observations import load_observations
+    from release.inputs.policy import load_pipeline, rollout
+    from release.quantize.load import deployed_transformer
+    from release.quantize.recipes import quantized_linears
 
     settings = load_release().policy
     observations = load_observations(fixture / "observations")[:4]

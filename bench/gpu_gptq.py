@@ -4,7 +4,7 @@
    of the Nano's four shapes (4096->4096 q/o, 4096->1024 k/v, 4096->12288 gate/up, 12288->4096 down), random bf16
    weights, ``CALLS`` calls of ``TOKENS`` tokens: seconds for ModelOpt's max calibration and for GPTQ (its max pass,
    Hessians and column-by-column update), and the total for the 504 Linears of 36 layers x 2 towers.
-2. ``release.fp8.rowwise_forward``: ``torch._scaled_mm`` with per-token and per-channel scales against the exact
+2. ``release.core.fp8.rowwise_forward``: ``torch._scaled_mm`` with per-token and per-channel scales against the exact
    emulation run on the same GPU, at those shapes, on normal and outlier-channel inputs: outputs that differ.
 
 3. ``build LAYERS``: ``release fixture nano`` with the Nano's widths but LAYERS decoder layers, then ``release build
@@ -74,7 +74,7 @@ def gptq_times(tokens: int, n_calls: int) -> dict[str, Any]:
 
 
 def rowwise_check() -> list[dict[str, Any]]:
-    from release.fp8 import rowwise_forward
+    from release.core.fp8 import rowwise_forward
 
     out = []
     for label, (in_f, out_f, _) in SHAPES.items():
@@ -103,7 +103,7 @@ def build_times(out: Path, layers: int) -> dict[str, Any]:
     import os
     import subprocess
 
-    import release.fixture as fixture
+    import release.inputs.fixture as fixture
 
     work = Path("/tmp/gptq-build")
     fixture.SIZES["nano"] = ({**fixture.NANO_TRANSFORMER, "num_hidden_layers": layers}, fixture.NANO_VAE, "5GB")

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from release.config import load_release
-from release.evaluate import deployed_transformer
-from release.observations import load_observations
-from release.policy import load_pipeline, rollout
+from release.core.builds import load_release
+from release.inputs.observations import load_observations
+from release.inputs.policy import load_pipeline, rollout
+from release.quantize.load import deployed_transformer
 
 FAMILIES = (("gemm", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")),
             ("attention", ("flash", "fmha", "attention")),

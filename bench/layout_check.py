@@ -35,8 +35,8 @@ def write_nano(folder: Path) -> None:
     from diffusers import Cosmos3OmniTransformer
     from safetensors.torch import save_file
 
-    from release.config import NANO_QUANTIZED
-    from release.export import TRANSFORMER_INDEX
+    from release.core.config import NANO_QUANTIZED
+    from release.quantize.export import TRANSFORMER_INDEX
 
     with init_empty_weights():
         model = Cosmos3OmniTransformer(action_gen=True, action_dim=64)
@@ -85,7 +85,7 @@ def write_nano(folder: Path) -> None:
 def main(folder: Path) -> None:
     from safetensors.torch import load_file
 
-    from release.verify import check_layout
+    from release.check.layout import check_layout
 
     if not (folder / "transformer").is_dir():
         write_nano(folder)

@@ -16,8 +16,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from release.config import load_build, load_release
-from release.push import HashCache, checked_files, plan_repo
+from release.core.builds import load_build, load_release
+from release.publish.gate import checked_files
+from release.publish.hashing import HashCache
+from release.publish.plan import plan_repo
 
 
 def main(nano: Path) -> None:
@@ -33,7 +35,7 @@ def main(nano: Path) -> None:
                 total += shard.stat().st_size
             (folder / "provenance.json").write_text(json.dumps({"source": {"revision": "0" * 40}}))
         builds = [load_build(s.build) for s in release.siblings]
-        from release.push import FolderRemote
+        from release.publish.remotes import FolderRemote
 
         for label in ("first run (hashes everything)", "second run (hash cache)"):
             cache = HashCache(Path(tmp) / "hashes.json")

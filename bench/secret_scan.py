@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from release.push import CHUNK, HashCache, _Scanner
+from release.publish.hashing import HashCache
+from release.publish.scan import CHUNK, Scanner
 
 
 def random_file(path: Path, size: int) -> None:
@@ -49,7 +50,7 @@ def safetensors_file(path: Path, size: int) -> None:
 
 
 def scan_only(path: Path) -> None:
-    scanner = _Scanner()
+    scanner = Scanner()
     with path.open("rb") as f:
         while chunk := f.read(CHUNK):
             scanner.feed(chunk)

@@ -10,7 +10,7 @@ import time
 import numpy as np
 from scipy import stats as sps
 
-from release.stats import paired_difference, per_observation, resample_counts, resample_indices, summarize
+from release.measure.stats import paired_difference, per_observation, resample_counts, resample_indices, summarize
 
 BUILDS, OBS, RESAMPLES = 22, 32, 10_000
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from release import ReleaseError, __version__
+from release import __version__
+from release.core.errors import ReleaseError
 
 DEBUG_ENV = "RELEASE_DEBUG"
 
@@ -30,8 +31,8 @@ class _Group(click.Group):
     """Turns every error into one line on stderr; tracebacks only with ``RELEASE_DEBUG=1``."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from release import profile
-        from release.distributed import world
+        from release.core import profile
+        from release.core.distributed import world
 
         main_thread = threading.current_thread() is threading.main_thread()  # where signals are delivered
         previous = signal.getsignal(signal.SIGTERM)
@@ -53,7 +54,7 @@ class _Group(click.Group):
             if os.environ.get(DEBUG_ENV) == "1":
                 raise
             if type(exc).__name__ == "OutOfMemoryError":  # torch's: too little GPU memory, not a bug
-                from release.memory import out_of_memory
+                from release.core.memory import out_of_memory
 
                 click.echo(f"error: {out_of_memory()}", err=True)
                 sys.exit(2)
@@ -65,7 +66,7 @@ class _Group(click.Group):
             if main_thread:
                 signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         if ctx.invoked_subcommand in USES_BUILDS and world().main:  # after the work: an error stays one line
-            from release.config import builds_source
+            from release.core.config import builds_source
 
             where, why = builds_source()
             click.echo(f"build files: {where} ({why})", err=True)
@@ -105,9 +106,9 @@ USES_BUILDS = {"build", "verify", "eval", "import-served", "tables", "select", "
 @click.pass_context
 def main(ctx: click.Context, builds: Path | None) -> None:
     """Build, verify, document and publish FP8 builds of Cosmos3-Nano-Policy-DROID."""
-    from release import config
-    from release.distributed import join
-    from release.profile import begin, check_target
+    from release.core import config
+    from release.core.distributed import join
+    from release.core.profile import begin, check_target
 
     _quiet_libraries()
     check_target()
@@ -136,7 +137,7 @@ def _quiet_libraries() -> None:
 @click.argument("folder", type=click.Path(path_type=Path, file_okay=False))
 def init(folder: Path) -> None:
     """Write a starter builds/ into FOLDER: release.yaml and the sweep's build files, to edit."""
-    from release.config import init_builds
+    from release.core.builds import init_builds
 
     paths = init_builds(folder)
     click.echo(f"wrote {len(paths)} build files to {paths[0].parent}; edit them, then run release from {folder} "
@@ -156,7 +157,7 @@ def fixture(size: str, out: Path, seed: int, n_obs: int, heldout: int) -> None:
 
     tiny: 565k parameters, runs on a CPU. nano: the 15.7B model's sizes with random weights (31 GB; for speed and
     scale runs, best on a GPU with 80 GB)."""
-    from release.fixture import write_fixture
+    from release.inputs.fixture import write_fixture
 
     paths = write_fixture(out, size=size, seed=seed, n_obs=n_obs, heldout=heldout)
     click.echo(f"source:       {paths['source']} (revision {paths['revision'][:12]})")
@@ -164,7 +165,7 @@ def fixture(size: str, out: Path, seed: int, n_obs: int, heldout: int) -> None:
 
 
 def _max_gpu_memory(command: Callable[..., None]) -> Callable[..., None]:
-    """``--max-gpu-memory``: the GPU memory cap of the command's stages (release.memory)."""
+    """``--max-gpu-memory``: the GPU memory cap of the command's stages (release.core.memory)."""
     return click.option("--max-gpu-memory", default=None, metavar="SIZE",
                         help="Keep GPU memory within SIZE (e.g. 22GiB): layers that do not fit are streamed from CPU "
                         "memory, with the same results (default: $RELEASE_MAX_GPU_MEMORY, else no cap).")(command)
@@ -184,8 +185,9 @@ def _max_gpu_memory(command: Callable[..., None]) -> Callable[..., None]:
 def build(names: tuple[str, ...], all_builds: bool, source: str | None, observations: Path | None,
           out: Path, allow_revision_mismatch: bool, max_gpu_memory: str | None) -> None:
     """Quantize, export and record provenance for the named builds."""
-    from release.build import BuildRequest, run_builds
-    from release.memory import set_cap
+    from release.core.memory import set_cap
+    from release.pipeline import run_builds
+    from release.quantize.build import BuildRequest
 
     set_cap(max_gpu_memory)
 
@@ -205,8 +207,8 @@ def build(names: tuple[str, ...], all_builds: bool, source: str | None, observat
 def verify(names: tuple[str, ...], dist: Path, reference: str | None, source: str | None,
            observations: Path | None, max_gpu_memory: str | None) -> None:
     """Check built repos against a reference and their source; exit 1 if any check fails."""
-    from release.memory import set_cap
-    from release.verify import VerifyRequest, verify_builds
+    from release.check.verify import VerifyRequest, verify_builds
+    from release.core.memory import set_cap
 
     set_cap(max_gpu_memory)
 
@@ -234,8 +236,8 @@ def eval_(names: tuple[str, ...], all_builds: bool, path_: str, split: str, dist
           observations: Path | None, yardsticks: bool, external: str | None, external_title: str,
           max_gpu_memory: str | None) -> None:
     """Replay the policy for BF16 and each build on the same seeds; store the action chunks."""
-    from release.evaluate import EvalRequest, describe, run_eval
-    from release.memory import set_cap
+    from release.core.memory import set_cap
+    from release.measure.evaluate import EvalRequest, describe, run_eval
 
     set_cap(max_gpu_memory)
 
@@ -261,8 +263,8 @@ def observations() -> None:
 def import_lerobot_(dataset: Path, out: Path, per_lab: int, labs: str | None, seed: int) -> None:
     """Sample DROID frames of a local LeRobot dataset (codebase v2.1 or v3.0) into an observation set, with
     action_stats.json from the dataset's statistics."""
-    from release.config import load_release
-    from release.lerobot import import_lerobot
+    from release.core.builds import load_release
+    from release.inputs.lerobot import import_lerobot
 
     release = load_release()
     chosen = [lab.strip() for lab in labs.split(",") if lab.strip()] if labs else \
@@ -279,7 +281,7 @@ def import_lerobot_(dataset: Path, out: Path, per_lab: int, labs: str | None, se
 @click.option("--observations", type=click.Path(path_type=Path), default=None)
 def import_served_(name: str, file: Path, dist: Path, source: Path | None, observations: Path | None) -> None:
     """Take a policy server's results (npz) as the build's 'served' path."""
-    from release.evaluate import describe, import_served
+    from release.measure.evaluate import describe, import_served
 
     out = import_served(name, file, dist, observations, source)
     click.echo(f"results: {out} ({describe(out)})")
@@ -293,7 +295,7 @@ def import_served_(name: str, file: Path, dist: Path, source: Path | None, obser
 @click.option("--resamples", type=click.IntRange(100, 1_000_000), default=10_000, show_default=True)
 def tables(names: tuple[str, ...], dist: Path, out: Path | None, baseline: str, resamples: int) -> None:
     """Fidelity, served, ranking and attribution tables (CSV and JSON) across every evaluated build."""
-    from release.tables import TablesRequest, run_tables
+    from release.measure.tables import TablesRequest, run_tables
 
     result = run_tables(TablesRequest.create(names, dist, out, baseline, resamples))
     click.echo(result["fidelity"].to_string(index=False))
@@ -305,7 +307,7 @@ def select_(dist: Path) -> None:
     """Apply the selection rule of builds/release.yaml to DIST/tables/tables.json; write DIST/selection.json."""
     from rich.console import Console
 
-    from release.select import SelectRequest, ranking_table, run_select
+    from release.measure.select import SelectRequest, ranking_table, run_select
 
     request = SelectRequest.create(dist)
     Console(width=160).print(ranking_table(run_select(request)))
@@ -319,7 +321,7 @@ def select_(dist: Path) -> None:
 @click.option("--check", is_flag=True, help="Render without writing; fail on a missing translation or bad data.")
 def card(names: tuple[str, ...], dist: Path, lang: str, check: bool) -> None:
     """Render the model cards (README.md, README.<lang>.md, LICENSE, forest plot) of each built repo."""
-    from release.card import CardRequest, render_cards
+    from release.publish.card.render import CardRequest, render_cards
 
     for path in render_cards(CardRequest.create(names, dist, lang, check)):
         click.echo(f"{'checked' if check else 'card'}: {path}")
@@ -355,7 +357,7 @@ def push(names: tuple[str, ...], org: str | None, dist: Path, endpoint: str | No
          create_pr: bool, fmt: str, force: str | None, retag: bool, target: Path | None, private: bool,
          commit_message: str | None, revision: str, manifest: Path | None, preview: Path | None) -> None:
     """Plan and publish the sibling repos (token from HF_TOKEN or the huggingface_hub login; never printed)."""
-    from release.push import PushRequest, run_push
+    from release.publish.push import PushRequest, run_push
 
     click.echo(run_push(PushRequest.create(names, org, dist, dry_run, endpoint, create_pr, fmt, force, target,
                                            retag, private, commit_message, revision, manifest, preview)))
@@ -369,7 +371,7 @@ def push(names: tuple[str, ...], org: str | None, dist: Path, endpoint: str | No
 def manifest(names: tuple[str, ...], dist: Path, out: Path) -> None:
     """Write the release manifest: every file of each sibling repo (sha256, size, storage) and the sidecars its
     cards are made from, for 'release push --dry-run --from-manifest' without the weights."""
-    from release.manifest import ManifestRequest, run_manifest
+    from release.publish.manifest import ManifestRequest, run_manifest
 
     lock = run_manifest(ManifestRequest.create(names, dist, out))
     files = sum(len(s.files) for s in lock.siblings)

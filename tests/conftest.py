@@ -70,7 +70,7 @@ def builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``release fixture tiny`` output: ``source/`` and ``observations/``."""
-    from release.fixture import write_fixture
+    from release.inputs.fixture import write_fixture
 
     out = tmp_path_factory.mktemp("tiny") / "fixture"
     write_fixture(out)

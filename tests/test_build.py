@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from release.config import NANO_QUANTIZED, PolicySettings
-from release.export import load_build_transformer
-from release.observations import load_observations
-from release.policy import load_pipeline, rollout
-from release.source import read_headers
+from release.core.config import NANO_QUANTIZED, PolicySettings
+from release.inputs.observations import load_observations
+from release.inputs.policy import load_pipeline, rollout
+from release.inputs.source import read_headers
+from release.quantize.load import load_build_transformer
 from tests.conftest import edited_source, invoke
 
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -227,7 +227,7 @@ def test_shards_are_safetensors_own_files_and_the_codes_digest_hashes_each_weigh
 
     from safetensors.torch import save_file
 
-    from release import export
+    from release.quantize import export
 
     torch.manual_seed(7)
     state = {f"layers.{i}.{part}": t.to(device) for i in range(3) for part, t in (
@@ -253,7 +253,7 @@ def test_the_profile_is_rewritten_at_most_every_few_seconds(tmp_path: Path, monk
     """Each rewrite holds the whole timeline: rewritten at every outer stage, an eval's thousands of rollouts cost a
     quadratic number of bytes. The first outer stage writes the file (a killed run keeps what ran), later ones once
     ``REWRITE_EVERY`` has passed, and the command's end writes everything."""
-    from release import profile
+    from release.core import profile
 
     monkeypatch.setenv("RELEASE_PROFILE", str(tmp_path / "profile.json"))
     writes: list[int] = []

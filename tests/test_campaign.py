@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from release import ReleaseError
-from release.config import load_build, load_release
-from release.fp8 import dequantize, rowwise_forward
+from release.core.builds import load_build, load_release
+from release.core.errors import ReleaseError
+from release.core.fp8 import dequantize, rowwise_forward
 from tests.conftest import ROOT, invoke
 
 REPO = {name: load_build(name, ROOT / "builds").repo for name in load_release(ROOT / "builds").sweep}
@@ -143,8 +143,8 @@ def test_build_files_travel_with_the_checkpoint(campaign: Path) -> None:
 
 def test_fakequant_replays_the_builds_own_codes(campaign: Path, tiny: Path) -> None:
     """A GPTQ build's fake-quant model holds its own dequantized codes, not a re-rounding of the source."""
-    from release.evaluate import fakequant_transformer
-    from release.recipes import quantized_linears
+    from release.quantize.load import fakequant_transformer
+    from release.quantize.recipes import quantized_linears
 
     folder = campaign / REPO["gptq"]
     built = _tensors(folder)
@@ -220,8 +220,9 @@ def test_observers_record_one_of_gptqs_two_passes(campaign: Path, builds: Path, 
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """GPTQ runs the forward loop twice (scales, then Hessians); a moving-average observer beside it records the
     first pass only, so its input scales equal the plain moving-average build's (two passes would move the EMA).
-    ModelOpt's column loop runs with the column-wise quantizer on the CPU (release.recipes.gptq.faster_update)."""
-    from release.recipes.gptq import Columns
+    ModelOpt's column loop runs with the column-wise quantizer on the CPU
+    (release.quantize.recipes.gptq.faster_update)."""
+    from release.quantize.recipes.gptq import Columns
 
     columns: list[Any] = []
     read = Columns.__getitem__
@@ -338,13 +339,15 @@ def test_push_refuses_an_undeliverable_build(campaign: Path, tmp_path: Path) -> 
 def test_the_card_says_which_builds_share_their_codes(campaign: Path) -> None:
     """The seed's AutoRound note, from the builds' provenance: byte-equal codes, how many input scales differ; and the
     per-channel AutoRound, which quantizes exactly as per-channel RTN (no static input scales at all)."""
-    from release.card import Formatter, _same_codes_notes, sweep_provenances, translations
+    from release.publish.card.conclusions import same_codes_notes
+    from release.publish.card.context import sweep_provenances
+    from release.publish.card.i18n import Formatter, translations
 
     provenances = sweep_provenances(campaign)
     assert set(provenances) == set(REPO)
     titles = {n: load_build(n).text("title") for n in REPO}
     rows = [{"build": n, "title": titles[n]} for n in ("rtn", "autoround", "sq_auto", "sq_auto_autoround", "gptq")]
-    notes = _same_codes_notes(rows, provenances, Formatter("en"), translations("en").gettext)
+    notes = same_codes_notes(rows, provenances, Formatter("en"), translations("en").gettext)
 
     def differing(a: str, b: str) -> int:
         """Input scales of two builds that differ. How many depends on the CPU's bf16 arithmetic: 5 and 5 of 28
@@ -364,7 +367,7 @@ def test_the_card_says_which_builds_share_their_codes(campaign: Path) -> None:
         "differ), so the gap between their rows is the activation calibration's."]
     ko = {n: load_build(n).text("title", "ko") for n in ("pc_rtn", "pc_autoround", "pc_gptq")}
     pc = [{"build": n, "title": title} for n, title in ko.items()]
-    [note] = _same_codes_notes(pc, provenances, Formatter("ko"), translations("ko").gettext)
+    [note] = same_codes_notes(pc, provenances, Formatter("ko"), translations("ko").gettext)
     assert note.startswith("FP8 채널별 / 토큰별: AutoRound (기존 캠페인 방식: RTN 코드)는 FP8 채널별 가중치, 토큰별 "
                            "활성값: RTN과 똑같이 양자화합니다.")  # 코드는, RTN과: the particles follow the titles
 
@@ -396,13 +399,13 @@ def test_builds_that_observe_the_source_alike_share_one_observer_pass(campaign: 
 def test_layer_by_layer_max_calibration_by_hooks_is_modelopts(campaign: Path, tiny: Path, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """The seed's AutoRound calibrates layer by layer; each layer's input maxima are taken by hooks on a plain replay
-    (release.recipes.observers.observed_layers). Made with ModelOpt's own calibrators instead, every byte is the
-    same."""
+    (release.quantize.recipes.observers.observed_layers). Made with ModelOpt's own calibrators instead, every byte is
+    the same."""
     import contextlib
 
-    import release.recipes
+    import release.quantize.recipes
 
-    monkeypatch.setattr(release.recipes, "observed_layers", contextlib.nullcontext)
+    monkeypatch.setattr(release.quantize.recipes, "observed_layers", contextlib.nullcontext)
     result = invoke("build", "sq_auto_autoround", "--source", tiny / "source", "--observations", tiny / "observations",
                     "--out", tmp_path / "dist")
     assert result.exit_code == 0, result.output
@@ -415,21 +418,21 @@ def test_layer_by_layer_max_calibration_by_hooks_is_modelopts(campaign: Path, ti
 def test_layer_by_layer_inputs_are_modelopts_on_a_deeper_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                 ) -> None:
     """Layer by layer, each next layer's inputs are the calibrated layer's outputs on its own inputs
-    (release.recipes.observers._next_layer_inputs), not ModelOpt's forward of every call up to that layer. The tiny
-    model has two decoder layers, so only the first layer's outputs are ever needed; on four, the seed's AutoRound
+    (release.quantize.recipes.observers._next_layer_inputs), not ModelOpt's forward of every call up to that layer. The
+    tiny model has two decoder layers, so only the first layer's outputs are ever needed; on four, the seed's AutoRound
     build is ModelOpt's own byte for byte."""
     import contextlib
 
-    import release.fixture
-    import release.recipes
+    import release.inputs.fixture
+    import release.quantize.recipes
 
-    deeper = {**release.fixture.TINY_TRANSFORMER, "num_hidden_layers": 4}
-    monkeypatch.setitem(release.fixture.SIZES, "tiny", (deeper, release.fixture.TINY_VAE, "400KB"))
-    release.fixture.write_fixture(tmp_path / "fixture")
+    deeper = {**release.inputs.fixture.TINY_TRANSFORMER, "num_hidden_layers": 4}
+    monkeypatch.setitem(release.inputs.fixture.SIZES, "tiny", (deeper, release.inputs.fixture.TINY_VAE, "400KB"))
+    release.inputs.fixture.write_fixture(tmp_path / "fixture")
     folders = []
     for way in ("hooks", "modelopt"):
         if way == "modelopt":
-            monkeypatch.setattr(release.recipes, "observed_layers", contextlib.nullcontext)
+            monkeypatch.setattr(release.quantize.recipes, "observed_layers", contextlib.nullcontext)
         result = invoke("build", "autoround", "--source", tmp_path / "fixture" / "source", "--observations",
                         tmp_path / "fixture" / "observations", "--out", tmp_path / way)
         assert result.exit_code == 0, result.output

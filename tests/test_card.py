@@ -14,22 +14,16 @@ from babel.messages.extract import extract_from_dir
 from babel.messages.pofile import read_po
 from huggingface_hub import ModelCard
 
-from release.card import (
-    Formatter,
-    conclusions,
-    fakequant_tables,
-    fidelity_rows,
-    forest_rows,
-    path_tables,
-    paths_rows,
-    render_card,
-    setup_rows,
-    titled,
-    translations,
-)
-from release.config import available_builds, load_build, load_release
-from release.particles import MARKER
-from release.select import read_tables_doc
+from release.core.builds import available_builds, load_build, load_release
+from release.measure.select import read_tables_doc
+from release.publish.card.conclusions import conclusions
+from release.publish.card.i18n import Formatter, translations
+from release.publish.card.labels import titled
+from release.publish.card.particles import MARKER
+from release.publish.card.plot import forest_rows
+from release.publish.card.render import render_card
+from release.publish.card.rows import fidelity_rows
+from release.publish.card.sections import fakequant_tables, path_tables, paths_rows, setup_rows
 from tests.conftest import ROOT, invoke
 
 SEED = ROOT / "tests" / "data" / "seed-model-card.txt"  # a copy of ../shared/seed/model-card.txt
@@ -258,7 +252,7 @@ def test_card_errors(card_dist: Path) -> None:
 
 def test_undefined_variable_names_template_and_line(card_dist: Path, monkeypatch: pytest.MonkeyPatch,
                                                     tmp_path: Path) -> None:
-    import release.card as card
+    import release.publish.card.i18n as card
 
     templates = tmp_path / "templates"
     shutil.copytree(ROOT / "templates", templates)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from release import ReleaseError
-from release.config import NANO_QUANTIZED, available_builds, load_build, load_release
+from release.core.builds import available_builds, load_build, load_release
+from release.core.config import NANO_QUANTIZED
+from release.core.errors import ReleaseError
 from tests.conftest import ROOT, invoke
 
 

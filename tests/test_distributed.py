@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from release.config import load_build
+from release.core.builds import load_build
 from tests.conftest import ROOT, invoke
 
 BUILDS = ("rtn", "sq_auto")  # one per rank

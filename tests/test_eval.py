@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 import torch
 
-from release.evaluate import describe
-from release.fp8 import emulated_gemm, hopper_accumulate, per_tensor_forward
+from release.core.fp8 import emulated_gemm, hopper_accumulate, per_tensor_forward
+from release.measure.evaluate import describe
 from tests.conftest import invoke
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from release.io import atomic_dir, clean_stale
+from release.core.io import atomic_dir, clean_stale
 from tests.conftest import ROOT, invoke
 
 REPO = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -31,7 +31,7 @@ NEW = {"README.md": "new build\n", "transformer/a.safetensors": "new weights", "
 SWAP = r"""
 import json, os, signal, sys
 from pathlib import Path
-import release.io as rio
+import release.core.io as rio
 
 final, kill_at, mode, new = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
 steps = 0
@@ -63,7 +63,7 @@ with rio.atomic_dir(final) as tmp:
 BUILD_KILLED_AT_SWAP = r"""
 import os, signal, sys
 from pathlib import Path
-import release.io as rio
+import release.core.io as rio
 
 final = Path(sys.argv.pop(1))
 rio._exchange = lambda a, b: False
@@ -178,7 +178,7 @@ def test_killed_rebuild_then_failed_rebuild_keep_the_old_build(tiny: Path, cheap
     def disk_full(source: Path, out: Path) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(out))
 
-    monkeypatch.setattr("release.export._copy_components", disk_full)
+    monkeypatch.setattr("release.quantize.export._copy_components", disk_full)
     result = invoke(*args)
     assert result.exit_code == 2 and f"{dist / REPO}: the disk ran out of space while it was written" in \
         result.output, result.output
@@ -199,7 +199,7 @@ def test_a_full_disk_is_one_line_naming_the_build_and_leaves_nothing(where: str,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A disk that fills up while a build is written: exit 2 with a one-line error that names the build folder and
     says what to do, not an internal error; nothing of the build is left. Any other failure stays what it is."""
-    from release import io
+    from release.core import io
 
     def raising(*args: object, **kwargs: object) -> None:
         raise error
@@ -267,8 +267,8 @@ def test_a_file_written_on_a_full_disk_keeps_its_old_content_and_leaves_no_tempo
     """The single files written in place (verification reports, provenance, JSON tables): a write that the disk cuts
     short leaves the old file whole and no temporary beside it, and says so in one line naming the file; any other
     failure is re-raised as it was, its temporary removed too."""
-    from release import ReleaseError
-    from release.io import atomic_write
+    from release.core.errors import ReleaseError
+    from release.core.io import atomic_write
 
     target = tmp_path / "verification" / "report.json"
     atomic_write(target, "old\n")

@@ -316,7 +316,7 @@ def test_card_names_a_corrupt_input(fault: str, card_dist: Path) -> None:
 
 @pytest.fixture
 def locales(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    import release.card as card
+    import release.publish.card.i18n as card
 
     d = tmp_path / "locales"
     shutil.copytree(ROOT / "locales", d)
@@ -391,8 +391,8 @@ def test_a_sibling_build_name_is_validated(builds: Path) -> None:
 
 
 def test_source_date_epoch_must_be_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    from release import ReleaseError
-    from release.io import build_date
+    from release.core.errors import ReleaseError
+    from release.core.io import build_date
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796004000")
     assert build_date() == "2026-11-30T02:00:00+00:00"

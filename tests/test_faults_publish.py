@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from release import ReleaseError
+from release.core.errors import ReleaseError
 from tests.conftest import ROOT, invoke
 from tests.hub_server import FakeHub
 from tests.test_push import RTN, add_card
@@ -132,7 +132,7 @@ def test_bytes_flipped_with_the_mtime_restored_are_hashed_again(dist: Path, tmp_
 def test_a_file_changed_after_the_plan_is_not_published(dist: Path, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Time of check to time of use: the bytes copied are hashed again and must be those the plan hashed."""
-    import release.push as push
+    import release.publish.push as push
 
     plan_repo = push.plan_repo
     shard = _shard(dist / RTN)
@@ -150,7 +150,7 @@ def test_a_file_changed_after_the_plan_is_not_published(dist: Path, tmp_path: Pa
 
 def test_a_file_changed_after_the_plan_is_not_committed_to_the_hub(hub: FakeHub, dist: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    import release.push as push
+    import release.publish.push as push
 
     plan_repo = push.plan_repo
     config = dist / RTN / "transformer" / "config.json"
@@ -227,8 +227,8 @@ def test_links_loops_and_pipes_are_refused_cleanly(make: Any, message: str, dist
 
 
 def _verify_without_reference(dist: Path, tiny: Path) -> dict[str, Any]:
-    from release.config import load_build, load_release
-    from release.verify import VerifyRequest, verify
+    from release.check.verify import VerifyRequest, verify
+    from release.core.builds import load_build, load_release
 
     request = VerifyRequest(load_release(), load_build("rtn"), dist / RTN, None, tiny / "source",
                             tiny / "observations")
@@ -339,7 +339,7 @@ def test_each_kind_of_secret_is_found_and_never_printed(token: str, kind: str, s
 
 
 def test_a_token_across_a_chunk_boundary_of_a_large_file_is_found(dist: Path, tmp_path: Path) -> None:
-    from release.push import CHUNK
+    from release.publish.scan import CHUNK
 
     big = dist / RTN / "README.md"  # 17 MB: above the LFS threshold, streamed in chunks
     start = CHUNK - 10
@@ -381,7 +381,7 @@ def test_a_release_tag_is_never_claimed_and_moves_only_with_retag(hub: FakeHub, 
 def test_a_second_push_to_a_target_fails_while_another_process_holds_it(dist: Path, tmp_path: Path) -> None:
     target = tmp_path / "hub"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from release.io import exclusive_lock\n"
+        [sys.executable, "-c", "import sys; from pathlib import Path; from release.core.io import exclusive_lock\n"
          f"with exclusive_lock(Path({str(target / '.release-push.lock')!r}), 'x'):\n"
          "    print('held', flush=True); sys.stdin.read()"],
         cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -397,7 +397,7 @@ def test_a_second_push_to_a_target_fails_while_another_process_holds_it(dist: Pa
 
 def test_two_pushes_in_one_process_do_not_interleave(dist: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    import release.push as push
+    import release.publish.push as push
 
     target = tmp_path / "hub"
     copying, release_copy = threading.Event(), threading.Event()

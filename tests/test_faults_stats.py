@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from release.config import load_build
+from release.core.builds import load_build
 from tests.conftest import ROOT, invoke
 
 CARD_INPUTS = ROOT / "tests" / "data" / "cards"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from PIL import Image
 
-from release.fixture import content_revision, write_fixture
-from release.observations import CALIBRATION_LABS, CAMERAS, HELDOUT_LABS, load_observations
-from release.source import check_architecture, read_headers
+from release.inputs.fixture import content_revision, write_fixture
+from release.inputs.observations import CALIBRATION_LABS, CAMERAS, HELDOUT_LABS, load_observations
+from release.inputs.source import check_architecture, read_headers
 
 
 def test_layout(tiny: Path) -> None:

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from release import ReleaseError
-from release.config import load_release
-from release.source import resolve_checkpoint, source_identity
+from release.core.builds import load_release
+from release.core.errors import ReleaseError
+from release.inputs.source import resolve_checkpoint, source_identity
 from tests.conftest import ROOT, invoke
 
 BASE = load_release(ROOT / "builds")

@@ -78,7 +78,7 @@ def test_build_files_are_found_in_order(tmp_path: Path, monkeypatch: pytest.Monk
     """--builds DIR, then $RELEASE_BUILDS, then ./builds, then the shipped defaults; the command says which."""
     import shutil
 
-    from release.config import BUILDS_OPTION, builds_source
+    from release.core.config import BUILDS_OPTION, builds_source
 
     for name in ("option", "env", "cwd/builds"):
         shutil.copytree(ROOT / "builds", tmp_path / name)

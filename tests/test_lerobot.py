@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from release import ReleaseError
-from release.lerobot import CAMERA_KEYS, import_lerobot
-from release.observations import load_observations
+from release.core.errors import ReleaseError
+from release.inputs.lerobot import CAMERA_KEYS, import_lerobot
+from release.inputs.observations import load_observations
 from tests.conftest import invoke
 
 av = pytest.importorskip("av")

@@ -119,7 +119,7 @@ def _twenty_two(release_lock: Path, builds: Path, tmp_path: Path) -> Path:
 
 def test_a_22_sibling_manifest_makes_a_comment_under_githubs_limit(hub: FakeHub, release_lock: Path, builds: Path,
                                                                   tmp_path: Path) -> None:
-    from release.push import COMMENT_BUDGET, COMMENT_LIMIT
+    from release.publish.preview import COMMENT_BUDGET, COMMENT_LIMIT
 
     lock = _twenty_two(release_lock, builds, tmp_path)
     preview = tmp_path / "preview"
@@ -143,8 +143,10 @@ def test_a_22_sibling_manifest_makes_a_comment_under_githubs_limit(hub: FakeHub,
 
 @pytest.mark.parametrize("repos, files, cut", [(3, 2, None), (60, 40, "details"), (1200, 1, "rows")])
 def test_the_comment_is_cut_with_a_pointer_rather_than_fail(repos: int, files: int, cut: str | None) -> None:
-    from release.config import load_release
-    from release.push import COMMENT_BUDGET, FilePlan, PushRequest, RepoPlan, render_comment
+    from release.core.builds import load_release
+    from release.publish.plan import FilePlan, RepoPlan
+    from release.publish.preview import COMMENT_BUDGET, render_comment
+    from release.publish.request import PushRequest
 
     request = PushRequest(load_release(), [], "np-cr", Path("dist"), True, None, False, "markdown", None, None)
     plans = [RepoPlan(f"np-cr/repo-{i:04d}", "rtn", True, "a" * 40, commit_message="Release 1.0.0: rtn",

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from release import ReleaseError, memory
-from release.config import load_build
-from release.source import SourceModel
+from release.core import memory
+from release.core.builds import load_build
+from release.core.errors import ReleaseError
+from release.inputs.source import SourceModel
 from tests.conftest import invoke
 
 BUILDS = ("rtn", "sq_auto_gptq")  # observers; smoothing + ModelOpt's GPTQ
@@ -144,7 +145,8 @@ def test_a_build_holds_one_copy_of_the_model_at_a_time(tiny: Path, tmp_path: Pat
     import gc
     import weakref
 
-    from release import build, export, policy
+    from release.inputs import policy
+    from release.quantize import build, export
 
     loaded: list[weakref.ref[torch.nn.Module]] = []
     load_pipeline = policy.load_pipeline

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from release.particles import Text, final_sound, particle, resolve
+from release.publish.card.particles import Text, final_sound, particle, resolve
 
 # The Sino-Korean reading of each digit and the sound it ends in: 영 일 이 삼 사 오 육 칠 팔 구.
 DIGITS = {"0": "consonant", "1": "rieul", "2": "vowel", "3": "consonant", "4": "vowel", "5": "vowel",
@@ -79,8 +79,8 @@ def test_messages_resolve_their_markers_once_formatted() -> None:
 
 
 def test_card_templates_have_the_particle_filter() -> None:
-    from release.card import _environment, translations
+    from release.publish.card.i18n import environment, translations
 
-    env = _environment(translations("ko"))
+    env = environment(translations("ko"))
     assert env.from_string("{{ x|particle('을(를)') }}, {{ y|particle('(으)로') }}").render(x="RTN", y=10) == \
         "RTN을, 10으로"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from release import ReleaseError
-from release.config import release_notes
+from release.core.builds import release_notes
+from release.core.errors import ReleaseError
 from tests.conftest import HUB_TOKEN, invoke
 from tests.hub_server import FakeHub
 
@@ -143,8 +143,13 @@ def test_hub_changed_card_and_deleted_file(hub: FakeHub, dist: Path) -> None:
 
 
 def test_hub_stale_parent_is_refused(hub: FakeHub, dist: Path) -> None:
-    from release.config import load_build
-    from release.push import HashCache, HubRemote, PushRequest, _push_hub, checked_files, plan_repo
+    from release.core.builds import load_build
+    from release.publish.gate import checked_files
+    from release.publish.hashing import HashCache
+    from release.publish.plan import plan_repo
+    from release.publish.push import _push_hub
+    from release.publish.remotes import HubRemote
+    from release.publish.request import PushRequest
 
     assert _push(hub, dist).exit_code == 0
     (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# stale\n")

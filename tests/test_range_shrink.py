@@ -10,9 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from release import ReleaseError
-from release.config import Calibrator, load_build
-from release.recipes import Observer, tail_quantiles
+from release.core.builds import load_build
+from release.core.config import Calibrator
+from release.core.errors import ReleaseError
+from release.quantize.recipes import Observer, tail_quantiles
 from tests.conftest import invoke
 
 

@@ -11,14 +11,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from release import ReleaseError
-from release.build import CalibrationData
-from release.config import load_build
-from release.export import SMOOTHING_SIDECAR
-from release.fp8 import weight_codes
-from release.observations import CALIBRATION_LABS, load_observations, split
-from release.recipes import quantize
-from release.source import SourceModel, read_headers
+from release.core.builds import load_build
+from release.core.errors import ReleaseError
+from release.core.fp8 import weight_codes
+from release.inputs.observations import CALIBRATION_LABS, load_observations, split
+from release.inputs.source import SourceModel, read_headers
+from release.quantize.build import CalibrationData
+from release.quantize.export import SMOOTHING_SIDECAR
+from release.quantize.recipes import quantize
 from tests.conftest import ROOT, edited_source, invoke
 
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -198,12 +198,12 @@ def test_too_little_algorithm_data(tiny: Path, tmp_path: Path, monkeypatch: pyte
 
 def _gptq_update(axis: int | None, device: str, columns: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """ModelOpt's GPTQ column loop on one random Linear with a max-calibrated FP8 weight quantizer (per tensor or per
-    output row), as ModelOpt runs it or through :func:`release.recipes.gptq.faster_update` (column-wise on the CPU,
-    the fused kernel on CUDA; blocks of 48 columns and a last one of 8: masked tiles); and round-to-nearest."""
+    output row), as ModelOpt runs it or through :func:`release.quantize.recipes.gptq.faster_update` (column-wise on the
+    CPU, the fused kernel on CUDA; blocks of 48 columns and a last one of 8: masked tiles); and round-to-nearest."""
     from modelopt.torch.quantization.nn import TensorQuantizer
     from modelopt.torch.quantization.utils import calib_utils
 
-    from release.recipes.gptq import faster_update
+    from release.quantize.recipes.gptq import faster_update
 
     torch.manual_seed(3)
     weight = torch.randn(96, 200, device=device) * torch.logspace(-2, 1, 200, device=device)  # mixed magnitudes
@@ -238,7 +238,7 @@ def test_gptq_faster_update_is_modelopts_update_bit_for_bit(axis: int | None, de
 
 
 def test_gptq_columns_answer_any_other_index_from_the_whole_matrix() -> None:
-    from release.recipes.gptq import Columns
+    from release.quantize.recipes.gptq import Columns
 
     calls: list[tuple[int, ...]] = []
 
@@ -258,7 +258,7 @@ def test_gptq_keeps_modelopts_whole_matrix_quantization_for_a_quantizer_that_is_
     from modelopt.torch.quantization.nn import TensorQuantizer
     from modelopt.torch.quantization.utils import calib_utils
 
-    from release.recipes.gptq import elementwise, faster_update
+    from release.quantize.recipes.gptq import elementwise, faster_update
 
     torch.manual_seed(4)
     weight = torch.randn(32, 64) * torch.logspace(-2, 1, 64)
@@ -281,13 +281,13 @@ def test_gptq_keeps_modelopts_whole_matrix_quantization_for_a_quantizer_that_is_
 @pytest.mark.parametrize("axis", [None, 0], ids=["per-tensor", "per-channel"])
 def test_the_fused_kernels_scales_are_modelopts_fake_quantization(axis: int | None, device: str) -> None:
     """The fused GPTQ kernel quantizes ``x * scale`` and multiplies by ``1 / scale``: with the scales of
-    :func:`release.recipes.gptq.fp8_scales` that is the quantizer's own output, bit for bit (ModelOpt's eager
+    :func:`release.quantize.recipes.gptq.fp8_scales` that is the quantizer's own output, bit for bit (ModelOpt's eager
     arithmetic on the CPU, its extension's on a GPU where it is built; amax in bf16 as ModelOpt keeps it, one amax
     tiny enough to count as zero). The path follows the weight's device, as ModelOpt's does: on an H200, where the
     extension is built, this test once gave a CPU weight the extension's scales and differed in the last bit."""
     from modelopt.torch.quantization.nn import TensorQuantizer
 
-    from release.recipes.gptq import fp8_scales, fused
+    from release.quantize.recipes.gptq import fp8_scales, fused
 
     torch.manual_seed(5)
     weight = (torch.randn(64, 96) * torch.logspace(-3, 2, 96)).to(device)
@@ -306,7 +306,7 @@ def test_gptq_skips_modelopts_printed_error_only_for_the_duration() -> None:
     """ModelOpt's per-Linear log multiplies the weights by the Hessian twice to print a figure the build silences."""
     from modelopt.torch.quantization.utils import calib_utils
 
-    from release.recipes.gptq import faster_update
+    from release.quantize.recipes.gptq import faster_update
 
     with faster_update():
         assert calib_utils.GPTQHelper._print_mse_error(object(), None) is None
@@ -320,7 +320,7 @@ def test_gptq_hessians_stay_on_the_gpu_while_there_is_room_and_go_to_the_cpu_und
     CPU; a CPU build's Hessians stay on the CPU (ModelOpt's rule asked no GPU), and ModelOpt's rule is back after."""
     from modelopt.torch.quantization.utils import calib_utils
 
-    from release.recipes.gptq import HESSIAN_HEADROOM, faster_update, hessian_on_cpu
+    from release.quantize.recipes.gptq import HESSIAN_HEADROOM, faster_update, hessian_on_cpu
 
     assert not hessian_on_cpu(HESSIAN_HEADROOM + 2**30, capped=False)
     assert hessian_on_cpu(HESSIAN_HEADROOM - 1, capped=False)
@@ -339,8 +339,8 @@ def test_gptq_hessians_sum_the_same_on_the_gpu_and_on_the_cpu(monkeypatch: pytes
     weight's Hessian is made on the CPU."""
     from modelopt.torch.quantization.utils import calib_utils
 
-    from release import memory
-    from release.recipes.gptq import faster_update
+    from release.core import memory
+    from release.quantize.recipes.gptq import faster_update
 
     torch.manual_seed(6)
     inputs = [torch.randn(3, 77, 256, device="cuda") * 10 ** torch.randn(1, device="cuda") for _ in range(9)]
@@ -362,9 +362,9 @@ def test_a_weight_steps_start_is_the_smoothed_models_weight_bit_for_bit(tiny: Pa
     """A smoothed GPTQ build's reconstruction error starts from the smoothed weights; they are folded from the
     source's tensors when read instead of copied from the model before GPTQ changes it: every quantized Linear's equals
     the model's after the folds, an ``up_proj`` folded twice (its norm's group, then as ``down_proj``'s anchor)."""
-    from release.recipes import _Start
-    from release.recipes.base import Quantized, module_weight, quantized_linears_of
-    from release.recipes.smoothing import _fold, smoothing_groups
+    from release.quantize.recipes import _Start
+    from release.quantize.recipes.base import Quantized, module_weight, quantized_linears_of
+    from release.quantize.recipes.smoothing import _fold, smoothing_groups
 
     source = SourceModel(tiny / "source")
     before = {k: v.clone() for k, v in source.state.items()}

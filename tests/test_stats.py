@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from release.stats import (
+from release.measure.stats import (
     PerObservation,
     Summary,
     attribution,

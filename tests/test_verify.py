@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from release.verify import after_verification
+from release.check.report import after_verification
 from tests.conftest import invoke
 
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
@@ -132,7 +132,7 @@ def test_push_refuses_an_unverified_build(rtn_build: Path, tmp_path: Path) -> No
 
 def test_layout_classifies_eval_results_as_sidecars(rtn_build: Path, tmp_path: Path) -> None:
     """An evaluated reference (results/*.npz beside its checkpoint) is still a valid reference."""
-    from release.verify import check_layout
+    from release.check.layout import check_layout
 
     build, reference = tmp_path / "build", tmp_path / "reference"
     for folder in (build, reference):  # other tests may have evaluated the session's build
@@ -149,7 +149,7 @@ def test_a_resident_source_is_read_only_where_it_equals_the_files(tmp_path: Path
     found equal to the files in name, dtype, shape and bytes; otherwise from the files, as a lone verify does."""
     from safetensors.torch import save_file
 
-    from release.verify import _files_hold
+    from release.check.verify import _files_hold
 
     files = {"a.weight": torch.arange(6.0).reshape(2, 3), "b.weight": torch.ones(4, dtype=torch.bfloat16)}
     save_file({"a.weight": files["a.weight"]}, tmp_path / "one.safetensors")

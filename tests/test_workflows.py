@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from release.push import COMMENT_MARKER
+from release.publish.preview import COMMENT_MARKER
 from tests.conftest import HUB_TOKEN, ROOT, invoke
 from tests.hub_server import FakeHub
 

@@ -1,0 +1,234 @@
+"""The checks against the reference that read no tensor data: files, tensor names, dtypes and shapes from the
+safetensors headers, the quantization configs, and ModelOpt's state files."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from release.check.report import REPORT_DIR, Check, status_of
+
+TOOL_SIDECARS = ("provenance.json", "smoothing_scales.safetensors", "results/", "builds/")  # results: `release eval`
+DOCUMENTATION = ("README", "LICENSE", ".gitattributes", "forest.png")
+BASE_MODEL_BRANCHES = ("sound_tokenizer/", "audio_")
+SHARD_INDEXES = {"transformer": "diffusion_pytorch_model.safetensors.index.json", "": "model.safetensors.index.json"}
+
+
+def _files(root: Path) -> list[str]:
+    """Files of a checkpoint folder, without this check's own report."""
+    return sorted(rel for p in root.rglob("*") if p.is_file()
+                  and not (rel := p.relative_to(root).as_posix()).startswith(f"{REPORT_DIR}/"))
+
+
+def _classify(path: str) -> str:
+    if path.startswith(TOOL_SIDECARS):
+        return "tool sidecar"
+    if path.split("/")[-1].startswith(DOCUMENTATION) or path.endswith(".md"):
+        return "documentation"
+    if path.startswith(BASE_MODEL_BRANCHES) or "/audio" in path:
+        return "base-model branch"
+    return "unexpected"
+
+
+def tensor_headers(root: Path, problems: list[str]) -> dict[str, tuple[str, tuple[int, ...], str]]:
+    """``{component/tensor: (dtype, shape, file)}`` of every checkpoint shard under ``root`` (headers only)."""
+    from safetensors import safe_open
+
+    out: dict[str, tuple[str, tuple[int, ...], str]] = {}
+    for rel in _files(root):
+        if not rel.endswith(".safetensors") or _classify(rel) != "unexpected":
+            continue
+        component = rel.rsplit("/", 1)[0] if "/" in rel else ""
+        try:
+            with safe_open(str(root / rel), framework="pt") as f:
+                for key in f.keys():
+                    sl = f.get_slice(key)
+                    name = f"{component}/{key}" if component else key
+                    if name in out:
+                        problems.append(f"{rel}: tensor {key} also in {out[name][2]}")
+                    out[name] = (sl.get_dtype(), tuple(sl.get_shape()), rel)
+        except Exception as exc:  # safetensors' own error type: truncated file, corrupt header
+            problems.append(f"{rel}: unreadable ({str(exc).splitlines()[0]})")
+    return out
+
+
+def check_layout(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static") -> Check:
+    """Tensor names, dtypes and shapes against the reference's, as the build's scheme lays them out (a per-channel
+    build: the reference's per-tensor scales as (out, 1) weight scales, no static input scales)."""
+    from release.quantize.recipes import per_channel
+
+    problems: list[str] = []
+    ours, theirs = tensor_headers(folder, problems), tensor_headers(reference, problems)
+    if scheme == per_channel.SCHEME:
+        theirs = per_channel.expected_headers(theirs)
+    common = sorted(set(ours) & set(theirs))
+    differ = [f"{ours[k][2]}: tensor {k.split('/')[-1]} is {ours[k][0]}{list(ours[k][1])}, reference "
+              f"{theirs[k][0]}{list(theirs[k][1])}" for k in common if ours[k][:2] != theirs[k][:2]]
+    only_ours = sorted(set(ours) - set(theirs))
+    only_theirs = sorted(set(theirs) - set(ours))
+    files_ours, files_theirs = set(_files(folder)), set(_files(reference))
+    one_side = {f: _classify(f) for f in sorted(files_ours ^ files_theirs)}
+    unexpected = [f"{f} ({'build' if f in files_ours else 'reference'} only)" for f, c in one_side.items()
+                  if c == "unexpected"]
+    tensors_one_side = [f"{ours[k][2]}: tensor {k.split('/')[-1]} (build only)" for k in only_ours] + \
+        [f"{theirs[k][2]}: tensor {k.split('/')[-1]} (reference only)" for k in only_theirs]
+    tensors_one_side = [t for t in tensors_one_side if _classify(t.split(":")[0]) == "unexpected"]
+    failures = problems + differ + tensors_one_side + unexpected
+    kinds: dict[str, int] = {}
+    for c in one_side.values():
+        kinds[c] = kinds.get(c, 0) + 1
+    rest = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "nothing else"
+    summary = f"{len(common)} common tensors, {len(differ)} dtype or shape differences; on one side only: {rest}"
+    if failures:
+        summary += f"; first problem: {failures[0]}"
+    return Check("layout", status_of(not failures), summary, {
+        "common_tensors": len(common), "dtype_or_shape_differences": differ, "problems": failures,
+        "files_one_side": one_side,
+    })
+
+
+def _diff(a: Any, b: Any, path: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            p = f"{path}.{k}" if path else str(k)
+            if k not in a or k not in b:
+                out.append(f"{p}: {'missing in build' if k not in a else 'not in reference'}")
+            else:
+                out += _diff(a[k], b[k], p)
+        return out
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def read_checkpoint_json(root: Path, rel: str, problems: list[str]) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads((root / rel).read_text())
+        return data
+    except FileNotFoundError:
+        problems.append(f"{rel}: missing")
+    except json.JSONDecodeError as exc:
+        problems.append(f"{rel}: invalid JSON ({exc.msg} at line {exc.lineno})")
+    return {}
+
+
+def in_scheme(config: dict[str, Any], scheme: str) -> dict[str, Any]:
+    """A per-tensor reference's quantization config as the build's scheme writes it: for the per-channel scheme its
+    ``quant_algo`` and ``config_groups`` as ModelOpt names the scheme, and in ``modelopt_config`` every per-tensor FP8
+    weight and input quantizer replaced by the scheme's; anything else stays the reference's."""
+    from release.quantize.recipes import per_channel
+
+    if scheme != per_channel.SCHEME or not config:
+        return config
+    out = json.loads(json.dumps(config))
+    out["quant_algo"] = per_channel.QUANT_ALGO
+    out["config_groups"] = json.loads(json.dumps(per_channel.config_groups()))
+    for entry in out.get("modelopt_config", {}).get("quant_cfg", []):
+        name = str(entry.get("quantizer_name", ""))
+        if "cfg" in entry and name.endswith("weight_quantizer"):
+            entry["cfg"] = json.loads(json.dumps(per_channel.WEIGHT_CFG))
+        elif "cfg" in entry and name.endswith("input_quantizer"):
+            entry["cfg"] = json.loads(json.dumps(per_channel.INPUT_CFG))
+    return out
+
+
+def check_quant_configs(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static") -> Check:
+    problems: list[str] = []
+    diffs: list[str] = []
+    for rel, key in (("transformer/config.json", "quantization_config"), ("hf_quant_config.json", None)):
+        ours, theirs = read_checkpoint_json(folder, rel, problems), read_checkpoint_json(reference, rel, problems)
+        if key is not None:
+            if ours and key not in ours:
+                problems.append(f"{rel}: no '{key}' field")
+            ours, theirs = ours.get(key, {}), theirs.get(key, {})
+        diffs += [f"{rel}: {d}" for d in _diff(ours, in_scheme(theirs, scheme))]
+    failures = problems + diffs
+    same = "identical to the reference's" if scheme == "fp8_w8a8_per_tensor_static" else \
+        "identical to the reference's in the per-channel scheme (quant_algo FP8_PER_CHANNEL_PER_TOKEN)"
+    summary = same if not failures else f"{len(failures)} differences: {failures[0]}"
+    return Check("quantization_config", status_of(not failures), summary, {"differences": failures})
+
+
+def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(v, f"{path}.{k}", out)
+    elif isinstance(value, list | tuple) and value and all(isinstance(v, list | tuple) and len(v) == 2
+                                                           and isinstance(v[0], str) for v in value):
+        for k, v in value:  # ModelOpt's [(mode, {...}), ...]
+            _flatten(v, f"{path}.{k}", out)
+    else:
+        out[path] = value
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+            and a.dtype == b.dtype and bool(torch.equal(a, b))
+    return bool(a == b)
+
+
+_STATES: dict[Path, tuple[tuple[int, int, int], Any]] = {}  # the reference's state files, read once for all its builds
+
+
+def _load_state(path: Path, cache: bool) -> Any:
+    """A ModelOpt state file; with ``cache``, kept for the next build verified against the same file (read again
+    when it was replaced or changed: another inode, size or modification time)."""
+    if not cache:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    st = path.stat()
+    key, stamp = path.resolve(), (st.st_ino, st.st_mtime_ns, st.st_size)
+    if key not in _STATES or _STATES[key][0] != stamp:
+        _STATES[key] = (stamp, torch.load(path, weights_only=True, map_location="cpu"))
+    return _STATES[key][1]
+
+
+def check_modelopt_states(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static") -> Check:
+    """Both state files against the reference's: the same configurations and entries; in the per-channel scheme the
+    entries that scheme sets differently (``per_channel.STATE_DIFFERENCES``) are counted apart, anything else that
+    differs fails."""
+    import modelopt.torch.quantization  # noqa: F401  (registers ModelOpt's classes for weights_only loading)
+
+    from release.quantize.recipes import per_channel
+
+    allowed = per_channel.STATE_DIFFERENCES if scheme == per_channel.SCHEME else ()
+
+    def by_scheme(key: str) -> bool:
+        return any(fnmatch.fnmatchcase(key, p) for p in allowed)
+
+    counts, failures = {}, []
+    for rel in ("transformer/modelopt_state.pth", "modelopt_state.pth"):
+        states = []
+        for root in (folder, reference):
+            try:
+                states.append(_load_state(root / rel, cache=root == reference))
+            except FileNotFoundError:
+                failures.append(f"{root / rel}: missing")
+            except Exception as exc:  # a truncated or foreign pickle
+                failures.append(f"{root / rel}: unreadable ({str(exc).splitlines()[0][:120]})")
+        if len(states) < 2:
+            continue
+        ours, theirs = {}, {}  # type: dict[str, Any], dict[str, Any]
+        _flatten(states[0], "", ours)
+        _flatten(states[1], "", theirs)
+        common = set(ours) & set(theirs)
+        differ = sorted(k for k in common if not _same(ours[k], theirs[k]))
+        one_side = sorted(set(ours) ^ set(theirs))
+        configs = [[(m, {k: v for k, v in (c.get("config") or {}).items() if not (allowed and k == "quant_cfg")})
+                    for m, c in state["modelopt_state_dict"]] for state in states]
+        if configs[0] != configs[1]:
+            failures.append(f"{rel}: ModelOpt configurations differ from the reference's")
+        failures += [f"{rel}: entry {k} differs" for k in differ if not by_scheme(k)]
+        failures += [f"{rel}: entry {k} on one side only" for k in one_side if allowed and not by_scheme(k)]
+        counts[rel] = {"common": len(common), "build_only": len(set(ours) - common),
+                       "reference_only": len(set(theirs) - common),
+                       "differ": len([k for k in differ if not by_scheme(k)]),
+                       "scheme": len([k for k in differ + one_side if by_scheme(k)])}
+    scheme_part = " ({c[scheme]} set by the per-channel scheme)" if allowed else ""
+    parts = [f"{c['common']}/{c['build_only']}/{c['reference_only']} common/build-only/reference-only entries, "
+             f"{c['differ']} differ{scheme_part.format(c=c)} ({rel})" for rel, c in counts.items()]
+    summary = "; ".join(parts) if not failures else f"{failures[0]}"
+    return Check("modelopt_state", status_of(not failures), summary, {"counts": counts, "problems": failures})

@@ -1,0 +1,171 @@
+"""``verification/report.json``: the checks' results and the manifest of the bytes they saw, read back with
+every field validated, and the gate ``release push`` applies to it. The manifest holds the sha256 and size of every
+file the checks saw, hashed before they ran: ``release push`` publishes a build only while its files are exactly those
+bytes (plus the cards and results, written after verification)."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from release.core.errors import ReleaseError
+from release.core.io import sha256_file
+
+REPORT_DIR = "verification"
+REPORT_JSON = f"{REPORT_DIR}/report.json"
+REPORT_MD = f"{REPORT_DIR}/report.md"
+REPORT_FORMAT = "release-verification/2"
+# Written after verification, by ``release card`` (the card files) and ``release eval`` / ``import-served`` (the
+# results): not in the manifest, pushed as they are (and scanned for secrets). ``*`` does not cross a ``/``.
+CARD_FILES = ("README.md", "README.*.md", "LICENSE", "forest.*.png")  # what 'release card' writes
+AFTER_VERIFICATION = (*CARD_FILES, "results/*.npz", "results/*.perf.json")
+Status = Literal["passed", "failed", "skipped"]
+
+
+@dataclass
+class Check:
+    name: str
+    status: Status
+    summary: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def status_of(ok: bool) -> Status:
+    return "passed" if ok else "failed"
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class Report(BaseModel):
+    """``verification/report.json``. ``status`` is ``incomplete`` when no check failed but some were skipped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["release-verification/2"]
+    build: str
+    repo: str
+    reference: str | None
+    status: Literal["passed", "failed", "incomplete"]
+    checks: list[Check]
+    manifest: dict[str, FileEntry] = Field(description="every file the checks saw (and report.md), by path")
+    after_verification: list[str] = Field(description="patterns of the files card and eval add afterwards")
+
+
+def build_files(folder: Path) -> list[str]:
+    """Every file of a build folder, relative and sorted, without following anything.
+
+    A link is refused by name (the Hub stores files, and a link can be re-pointed after its target was hashed), so is
+    a link loop and anything that is neither a regular file nor a folder (a pipe would block the reader).
+    """
+    out: list[str] = []
+    stack = [folder]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError as exc:
+            raise ReleaseError(f"{directory}: cannot be listed ({exc.strerror}); fix its permissions") from exc
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                raise ReleaseError(_link_refusal(path, folder))
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(path)
+            elif entry.is_file(follow_symlinks=False):
+                out.append(path.relative_to(folder).as_posix())
+            else:
+                kind = "pipe" if stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode) else "device or socket"
+                raise ReleaseError(f"{path}: a {kind}, not a regular file; remove it from the build folder")
+    return sorted(out)
+
+
+def _link_refusal(path: Path, folder: Path) -> str:
+    target = os.readlink(path)
+    try:
+        outside = not path.resolve(strict=True).is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # a loop (RuntimeError on Python 3.11) or a dangling link
+        return f"{path}: a link ({target}) that loops or points nowhere; remove it from the build folder"
+    where = ", outside the build folder" if outside else ""
+    return f"{path}: a link to {target}{where}; the Hub stores files, not links: replace it with the file or remove it"
+
+
+def matches(rel: str, patterns: tuple[str, ...]) -> bool:
+    """Whether the relative path matches one of the patterns (``*`` does not cross a ``/``)."""
+    return any(rel.count("/") == p.count("/") and fnmatch.fnmatchcase(rel, p) for p in patterns)
+
+
+def after_verification(rel: str) -> bool:
+    return matches(rel, AFTER_VERIFICATION)
+
+
+def manifest_files(folder: Path) -> list[str]:
+    """The files a manifest covers: every file of the build but ``verification/`` and what is added later (links
+    and other non-files refused, :func:`build_files`)."""
+    return [rel for rel in build_files(folder) if not rel.startswith(f"{REPORT_DIR}/") and not after_verification(rel)]
+
+
+def file_manifest(folder: Path, files: list[str]) -> dict[str, FileEntry]:
+    """sha256 and size of ``files`` of the build (:func:`manifest_files`), hashed afresh."""
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        sizes = [(folder / rel).stat().st_size for rel in files]
+        digests = list(pool.map(lambda rel: sha256_file(folder / rel), files))
+    return {rel: FileEntry(sha256=d, size=n) for rel, d, n in zip(files, digests, sizes, strict=True)}
+
+
+def load_report(folder: Path, build: str) -> tuple[Report, str] | None:
+    """The build's verification report and the sha256 of the bytes read, or None when it has none."""
+    path = folder / REPORT_JSON
+    if not path.is_file():
+        return None
+    return parse_report(path.read_bytes(), str(path), build, folder.name)
+
+
+def parse_report(data: bytes, where: str, build: str, repo: str) -> tuple[Report, str]:
+    """The report in ``data`` (read from ``where``, named in errors) of the build ``build`` in repo ``repo``, and
+    the sha256 of ``data``."""
+    rerun = f"rerun 'release verify {build}'"
+    try:
+        raw = json.loads(data)
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        why = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
+        raise ReleaseError(f"{where}: not valid JSON ({why}); {rerun}") from exc
+    if isinstance(raw, dict) and "format" not in raw and "checks" in raw:
+        raise ReleaseError(f"{where}: written by an older 'release verify' (no file manifest); {rerun}")
+    try:
+        report = Report.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field_name = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise ReleaseError(f"{where}: field '{field_name}': {err['msg']}; not a report of 'release verify', "
+                           f"{rerun}") from exc
+    if report.repo != repo:
+        raise ReleaseError(f"{where}: the report of {report.repo}, not of {repo}; {rerun}")
+    return report, hashlib.sha256(data).hexdigest()
+
+
+def gate(folder: Path, report: Report | None) -> str | None:
+    """Why ``release push`` must refuse the build in ``folder`` (``--force`` overrides), or None when it passed."""
+    if report is None:
+        return f"{folder.name} has no verification report; run 'release verify' on it"
+    failed = [c for c in report.checks if c.status == "failed"]
+    if failed:
+        return f"{folder.name} failed verification ({failed[0].name}: {failed[0].summary})"
+    skipped = [c for c in report.checks if c.status == "skipped"]
+    if skipped:
+        return (f"{folder.name} was not fully verified ({', '.join(c.name for c in skipped)} "
+                f"{skipped[0].summary})")
+    return None

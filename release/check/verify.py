@@ -1,0 +1,255 @@
+"""``release verify``: a build against a reference checkpoint and its source, as a report and a gate.
+
+Six checks, as in the seed card's "Verification" table: layout (safetensors headers only), quantization configs,
+ModelOpt state files (:mod:`release.check.layout`), values (recomputed from the source), index consistency
+(:mod:`release.check.values`), and loadability in diffusers (here). Every problem is reported by file and tensor;
+nothing here raises on a damaged checkpoint. The report and its manifest are :mod:`release.check.report`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from release.check.layout import check_layout, check_modelopt_states, check_quant_configs
+from release.check.report import (
+    AFTER_VERIFICATION,
+    REPORT_FORMAT,
+    REPORT_JSON,
+    REPORT_MD,
+    Check,
+    FileEntry,
+    Report,
+    file_manifest,
+    manifest_files,
+)
+from release.check.values import check_consistency, check_values, read_tensors
+from release.core.builds import load_build, load_release
+from release.core.config import BuildConfig, ReleaseConfig
+from release.core.errors import ReleaseError
+from release.core.io import atomic_write, write_json
+from release.core.profile import stage
+from release.inputs.source import SourceModel, resolve_checkpoint, resolve_source
+
+REFERENCE_BUILD = "rtn"  # NVIDIA's recipe: the reference of the layout checks when no --reference is given
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    release: ReleaseConfig
+    build: BuildConfig
+    folder: Path
+    reference: Path | None
+    source: Path
+    observations: Path | None
+
+    @classmethod
+    def create(cls, name: str, dist: Path, reference: str | Path | None, source: str | Path | None,
+               observations: Path | None, require_reference: bool = True) -> VerifyRequest:
+        """``require_reference=False`` (after a build): without the RTN build the reference checks are skipped."""
+        release = load_release()
+        build = load_build(name)
+        folder = dist / build.repo
+        if not folder.is_dir():
+            raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
+        ref: Path | None
+        if reference is None:
+            rtn = next((s for s in release.siblings if s.build == REFERENCE_BUILD), None)
+            ref = dist / rtn.repo if rtn is not None else None
+            if not require_reference and ref is not None and not ref.is_dir():
+                ref = None
+            if ref is not None and not ref.is_dir():
+                raise ReleaseError(f"reference {ref} does not exist; pass --reference DIR (NVIDIA's "
+                                   "Cosmos3-Nano@fp8, or the RTN build)")
+        else:
+            ref = resolve_checkpoint(reference, "--reference")
+        src = resolve_source(release, source)
+        if observations is None and (src.parent / "observations").is_dir():
+            observations = src.parent / "observations"
+        return cls(release, build, folder, ref, src, observations)
+
+
+def check_loadable(request: VerifyRequest) -> Check:
+    """The build loads in diffusers with ModelOpt's restore and one policy rollout gives finite actions, with
+    diffusers' default step policy (W8A16 on the first and last steps). A per-channel build cannot run either way:
+    that policy refuses its scales ("requires one tensorwise ModelOpt FP8 weight scale") and ModelOpt has no kernel
+    for a restored per-channel weight with per-token inputs ("self._dequantize is True and self.fake_quant is False");
+    it is rolled out W8A8 on every step through the row-wise FP8 kernel of ``release eval --path deployed``."""
+    from release.core.device import free_memory
+    from release.inputs.observations import load_observations, split
+    from release.inputs.policy import load_pipeline, rollout
+    from release.quantize.load import deployed_transformer, load_build_transformer
+    from release.quantize.recipes import per_channel
+
+    if request.observations is None:
+        return Check("loadable", "failed", "no observation set to roll out on; pass --observations DIR")
+    every_step = request.build.scheme == per_channel.SCHEME
+    observations = request.observations
+
+    def roll_out() -> Any:  # the pipeline is dropped on return, and collected in ``finally``
+        transformer = deployed_transformer(request.folder) if every_step else load_build_transformer(request.folder)
+        obs = split(load_observations(observations), request.release.calibration_labs)[0]
+        pipe = load_pipeline(request.folder, request.release.policy, transformer=transformer)
+        return rollout(pipe, obs, request.release.policy, **({"mixed_precision_format": "none"} if every_step
+                                                             else {}))
+
+    try:
+        actions = roll_out()
+    except ReleaseError as exc:
+        return Check("loadable", "failed", str(exc))
+    except Exception as exc:  # diffusers / ModelOpt refusing a damaged checkpoint
+        return Check("loadable", "failed", f"diffusers could not load or run the build: {str(exc).splitlines()[0]}")
+    finally:
+        free_memory()
+    how = " (W8A8 on every step, row-wise FP8 kernel)" if every_step else ""
+    return Check("loadable", "passed", f"loads in diffusers with ModelOpt's restore; one policy rollout{how} gives "
+                                   f"finite actions {list(actions.shape)}")
+
+
+def _run_checks(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | None) -> list[Check]:
+    checks: list[Check] = []
+    runners: list[tuple[str, Callable[[], Check]]] = []
+    if request.reference is not None:
+        ref = request.reference
+        scheme = request.build.scheme
+        runners += [("layout", lambda: check_layout(request.folder, ref, scheme)),
+                    ("quantization_config", lambda: check_quant_configs(request.folder, ref, scheme)),
+                    ("modelopt_state", lambda: check_modelopt_states(request.folder, ref, scheme))]
+    else:
+        checks += [Check(name, "skipped", "skipped: no reference (build 'rtn' into the same folder, or run "
+                                          "'release verify --reference DIR')")
+                   for name in ("layout", "quantization_config", "modelopt_state")]
+    runners += [("values", lambda: check_values(request.folder, request.source, source_tensors)),
+                ("consistency", lambda: check_consistency(request.folder)),
+                ("loadable", lambda: check_loadable(request))]
+    for name, run in runners:
+        with stage(f"verify: {name}"):
+            checks.append(run())
+    return checks
+
+
+def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | None = None) -> list[Check]:
+    """Run every check, write ``verification/report.{json,md}`` into the build folder, return the checks
+    (``source_tensors``: the source's transformer tensors, when several builds of one source are verified)."""
+    # The files are hashed while the checks run (sha256 takes one core per file: 5 s of a Nano build's 16 GB). Either
+    # way a file that differs from the manifest when the build is pushed, changed at any time after it was listed,
+    # fails the push.
+    files = manifest_files(request.folder)  # a link or a pipe is refused before any check runs
+    with ThreadPoolExecutor(1) as hashing:
+        hashed = hashing.submit(file_manifest, request.folder, files)
+        checks = _run_checks(request, source_tensors)
+        with stage("verify: hash the files (what the checks left)"):
+            manifest = hashed.result()
+    markdown = render_markdown(request, checks).encode()
+    manifest[REPORT_MD] = FileEntry(sha256=hashlib.sha256(markdown).hexdigest(), size=len(markdown))
+    statuses = {c.status for c in checks}
+    report = Report(format=REPORT_FORMAT, build=request.build.name, repo=request.build.repo,
+                    reference=request.reference.name if request.reference else None,  # no local path in it
+                    status="failed" if "failed" in statuses else "incomplete" if "skipped" in statuses else "passed",
+                    checks=checks, manifest=manifest,
+                    after_verification=list(AFTER_VERIFICATION))
+    atomic_write(request.folder / REPORT_MD, markdown)
+    write_json(request.folder / REPORT_JSON, report.model_dump(mode="json"))  # last: the gate reads this one
+    return checks
+
+
+def render_markdown(request: VerifyRequest, checks: list[Check]) -> str:
+    ref = request.reference.name if request.reference else "none"
+    lines = [f"# Verification of {request.build.repo}", "", f"Reference: `{ref}`", "", "| Check | Passed | Result |",
+             "|---|---|---|"]
+    shown = {"passed": "yes", "failed": "NO", "skipped": "skipped"}
+    lines += [f"| {c.name} | {shown[c.status]} | {c.summary} |" for c in checks]
+    return "\n".join(lines) + "\n"
+
+
+def summary_table(request: VerifyRequest, checks: list[Check]) -> Any:
+    """A rich table of the checks, for the terminal."""
+    from rich.table import Table
+
+    table = Table(title=f"verification: {request.build.repo}", title_justify="left", show_lines=False)
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("details", overflow="fold")
+    shown = {"passed": "[green]pass[/]", "failed": "[red]FAIL[/]", "skipped": "[yellow]skipped[/]"}
+    for c in checks:
+        table.add_row(c.name, shown[c.status], c.summary)
+    return table
+
+
+class Verifier:
+    """Verifies builds and prints each summary, reading each source's transformer once however many builds of it
+    it verifies. ``source``: the build's source model; where its tensors stay on the GPU
+    (:class:`release.inputs.source.SourceModel`) and equal the files' byte for byte, the checks read them there instead
+    of copying the files' tensors to the GPU for every build. The comparison starts at once, in a thread, so that it
+    runs while the first build is made (5 s of a Nano build on an H200, BENCHMARKS.md)."""
+
+    def __init__(self, source: SourceModel | None = None) -> None:
+        from rich.console import Console
+
+        self.console = Console(width=160)
+        self.sources: dict[Path, dict[str, torch.Tensor]] = {}
+        self.resident = source if source is not None and source.resident else None
+        self.compared: Future[bool] | None = None
+        if self.resident is not None:
+            comparing = ThreadPoolExecutor(1)
+            self.compared = comparing.submit(_files_hold, self.resident.folder / "transformer", self.resident.state)
+            comparing.shutdown(wait=False)  # the comparison runs on; its result is awaited by the first verification
+
+    def _resident_state(self, source: Path) -> dict[str, torch.Tensor] | None:
+        if self.resident is None or self.compared is None or self.resident.folder != source:
+            return None
+        return self.resident.state if self.compared.result() else None
+
+    def __call__(self, request: VerifyRequest) -> bool:
+        """Verify one build; True when no check failed (skipped ones are shown)."""
+        if request.source not in self.sources:
+            self.sources.clear()
+            problems: list[str] = []
+            with stage("verify: read the source"):
+                tensors = self._resident_state(request.source)
+                if tensors is None:
+                    tensors = read_tensors(request.source / "transformer", problems)
+            if not problems:
+                self.sources[request.source] = tensors
+        with stage(f"verify {request.build.name}"):
+            checks = verify(request, self.sources.get(request.source))
+        self.console.print(summary_table(request, checks))
+        return all(c.status != "failed" for c in checks)
+
+
+def _files_hold(folder: Path, resident: dict[str, torch.Tensor]) -> bool:
+    """Whether the shards of ``folder`` hold exactly ``resident``'s tensors (names, dtypes, shapes, bytes), read one
+    tensor at a time; False on any shard it cannot read (the checks then read the files and name the problem)."""
+    from safetensors import safe_open
+
+    seen: set[str] = set()
+    try:
+        for shard in sorted(folder.glob("*.safetensors")):
+            with safe_open(shard, framework="pt") as f:
+                for key in f.keys():
+                    kept, read = resident.get(key), f.get_tensor(key)
+                    if kept is None or key in seen or read.dtype != kept.dtype or read.shape != kept.shape \
+                            or not torch.equal(read.to(kept.device), kept):
+                        return False
+                    seen.add(key)
+    except Exception:  # an unreadable shard: the checks that read the files name it
+        return False
+    return seen == resident.keys()
+
+
+def verify_builds(requests: list[VerifyRequest]) -> bool:
+    """Verify each build; True when no check of any build failed. Under torchrun each rank verifies its share and
+    all get the same answer."""
+    from release.core.distributed import world
+
+    verifier = Verifier()
+    ok = True
+    for request in world().share(requests):
+        ok &= verifier(request)
+    return world().all_true(ok)

@@ -1,0 +1,404 @@
+"""Validated configuration: the models of ``builds/release.yaml`` and of one YAML file per build, and where the
+folder of build files is (``--builds``, ``RELEASE_BUILDS``, ``./builds``, the shipped defaults); reading and
+validating the files is :mod:`release.core.builds`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from release.core.errors import ReleaseError
+
+SOURCE_ENV = "RELEASE_SOURCE"
+BUILDS_ENV = "RELEASE_BUILDS"
+# MAJOR.MINOR.PATCH with an optional pre-release: the Hub tag is v<version>, a valid git ref name
+RELEASE_VERSION = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)(-[0-9A-Za-z]+(\.[0-9A-Za-z]+)*)?")
+
+# The 14 Linears per decoder layer that the Cosmos3-Nano@fp8 layout quantizes (both towers).
+NANO_QUANTIZED = [
+    "layers.*.self_attn.to_q",
+    "layers.*.self_attn.to_k",
+    "layers.*.self_attn.to_v",
+    "layers.*.self_attn.to_out",
+    "layers.*.mlp.gate_proj",
+    "layers.*.mlp.up_proj",
+    "layers.*.mlp.down_proj",
+    "layers.*.self_attn.add_q_proj",
+    "layers.*.self_attn.add_k_proj",
+    "layers.*.self_attn.add_v_proj",
+    "layers.*.self_attn.to_add_out",
+    "layers.*.mlp_moe_gen.gate_proj",
+    "layers.*.mlp_moe_gen.up_proj",
+    "layers.*.mlp_moe_gen.down_proj",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class License(_Strict):
+    id: str = "other"
+    name: str
+    link: str
+
+
+def hub_name(value: str, kind: Literal["org", "repo"]) -> str:
+    """``value`` if huggingface_hub's own validator accepts it as an organisation or a repo name (it becomes a Hub
+    repo id and, with ``release push --target``, a folder: no ``/``, ``..`` or leading ``.``), else ValueError."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(f"{value}/repo" if kind == "org" else f"org/{value}")
+    except HFValidationError as exc:
+        raise ValueError(f"{value!r} is not a valid Hub {kind} name: letters, digits, '-', '_' and '.', no '/', "
+                         "'..' or '--', not starting or ending with '-' or '.', at most 96 characters") from exc
+    return value
+
+
+class Sibling(_Strict):
+    build: str
+    repo: str
+
+    @field_validator("build")
+    @classmethod
+    def _build(cls, v: str) -> str:
+        return _unique_build_names([v], "build")[0]
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        return hub_name(v, "repo")
+
+
+class PolicySettings(_Strict):
+    """How the joint-position DROID policy is rolled out (domain notes §4)."""
+
+    steps: int = Field(4, ge=1, le=100)
+    shift: float = Field(5.0, gt=0)
+    guidance: float = Field(3.0, ge=1.0)
+    chunk: int = Field(32, ge=1, description="action steps per observation (plus the state row)")
+    action_dims: int = Field(8, ge=1, description="7 joint positions + gripper")
+    domain: str = "droid_lerobot"
+    resolution_tier: int = 256
+    noise_seed: int = 0
+
+
+BUILD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # a build file's stem: builds/<name>.yaml
+
+
+def _unique_build_names(names: list[str], field: str) -> list[str]:
+    for name in names:
+        if not BUILD_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a build name (the stem of a file in builds/: letters, digits, '_' "
+                             "and '-')")
+    repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
+    if repeated is not None:
+        raise ValueError(f"{repeated!r} is listed twice in '{field}'; list each build once")
+    return names
+
+
+class Selection(_Strict):
+    """The selection rule of the release (``release select``): every candidate scored on one path and split, then
+    ranked by its own gate (from its build file, as ``release tables`` computed it), the lowest overall sigma, the
+    ``tie_break`` metrics in order, and last its place in ``candidates``. ``always`` builds are chosen whatever their
+    scores (the reference); ``count`` more are chosen from the top of the ranking among those that pass their gate.
+    A candidate may name a build that is not defined or not evaluated yet: it is listed as not evaluated and cannot
+    be chosen by rank."""
+
+    candidates: list[str] = Field(min_length=1)
+    path: Literal["fakequant", "deployed", "served"] = "fakequant"
+    split: Literal["calibration", "validation", "all"] = "calibration"
+    tie_break: list[Literal["gripper_agree", "joint_mae_deg"]] = ["gripper_agree", "joint_mae_deg"]
+    always: list[str] = []
+    count: int = Field(1, ge=1, description="builds chosen by rank, besides 'always'")
+
+    @field_validator("candidates", "always")
+    @classmethod
+    def _names(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        return _unique_build_names(v, str(info.field_name))
+
+    @field_validator("tie_break")
+    @classmethod
+    def _tie_break(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("a metric is listed twice in 'tie_break'; list each once")
+        return v
+
+    @model_validator(mode="after")
+    def _always_are_candidates(self) -> Selection:
+        outside = [n for n in self.always if n not in self.candidates]
+        if outside:
+            raise ValueError(f"'always' names {outside[0]!r}, which is not in 'candidates'; add it there (the "
+                             "ranking lists every chosen build)")
+        return self
+
+
+class ReleaseConfig(_Strict):
+    version: str = Field(description="the version of this release of the checkpoints (not of the tool): tag "
+                         "v<version>, release notes in RELEASES.md")
+    base_model: str
+    base_revision: str
+    license: License
+    org: str
+    languages: list[str] = Field(min_length=1)
+    library_name: str = Field("cosmos", description="the Hub's library tag: 'cosmos' as the seed card, since the "
+                              "Hub's 'diffusers' snippet would skip ModelOpt's restore (builds/release.yaml)")
+    tags: list[str] = []
+    siblings: list[Sibling] = Field(min_length=1)
+    policy: PolicySettings = PolicySettings()
+    calibration_labs: list[str] = []
+    heldout_labs: list[str] = []
+    action_stats: str = Field("action_stats.json", description="per-dimension action sigma, in the observation set")
+    selection: Selection | None = None
+    sweep: list[str] = Field([], description="the builds 'release build --all' makes, in the campaign's order "
+                             "(default: every build file)")
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, v: list[str]) -> list[str]:
+        return _unique_build_names(v, "sweep")
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: str) -> str:
+        if not RELEASE_VERSION.fullmatch(v):
+            raise ValueError(f"{v!r} is not a release version: MAJOR.MINOR.PATCH (e.g. 1.0.0, or 1.1.0-rc.1)")
+        return v
+
+    @field_validator("org")
+    @classmethod
+    def _org(cls, v: str) -> str:
+        return hub_name(v, "org")
+
+
+class SmoothQuant(_Strict):
+    """SmoothQuant folded into the preceding norms (and into ``up_proj`` for ``down_proj``)."""
+
+    alpha: Literal["auto"] | Annotated[float, Field(ge=0.0, le=1.0)] = "auto"
+    alpha_step: float = Field(0.1, gt=0, le=1, description="grid step of the per-layer alpha search")
+    fold_up_down: bool = True
+
+    @field_validator("alpha", mode="before")
+    @classmethod
+    def _alpha(cls, v: Any) -> Any:
+        """One message for both members of the union (pydantic would report each member's error apart)."""
+        if v == "auto" or (type(v) in (int, float) and 0 <= v <= 1):
+            return v
+        raise ValueError(f"alpha must be 'auto' or a number in 0..1, got {v!r}")
+
+
+class Awq(_Strict):
+    """AWQ's activation-aware scales (s = mean|x|^alpha, normalised), alpha on a grid, folded like SmoothQuant."""
+
+    n_grid: int = Field(20, ge=1, le=1000, description="alpha grid: 0, 1/n, ..., (n - 1)/n (AWQ's default 20)")
+    fold_up_down: bool = True
+
+
+class Gptq(_Strict):
+    """ModelOpt's GPTQ (``algorithm: {method: gptq}``) on the scheme's FP8 quantizers."""
+
+    perc_damp: float = Field(0.01, gt=0, le=1, description="damping, a share of the mean Hessian diagonal")
+    block_size: int = Field(128, ge=1, description="columns per GPTQ block")
+    layerwise: bool = Field(False, description="ModelOpt's layer-by-layer calibration: each decoder layer's Hessian "
+                            "from the outputs of the layers before it, already quantized")
+
+
+class AutoRound(_Strict):
+    """AutoRound. ``tuning: none`` reproduces the seed's FP8 builds: its quantizer tuned only INT, UINT and NVFP4
+    weights, so the FP8 codes stay round-to-nearest, and the step's effect is the activation calibration that
+    follows (here: ModelOpt's layer-by-layer max calibration, each layer seeing the quantized outputs of the layers
+    before it). ``tuning: auto-round`` runs the auto-round library's sign-gradient tuning of the rounding and the
+    clipping (the ``autoround`` extra)."""
+
+    tuning: Literal["none", "auto-round"] = "none"
+    iters: int = Field(200, ge=1, description="auto-round: optimisation steps per decoder layer")
+    lr: float | None = Field(None, gt=0, description="auto-round: learning rate (default 1 / iters)")
+
+
+RecipeStep = Literal["rtn", "smoothquant", "awq", "gptq", "autoround"]
+SMOOTHING_STEPS = ("smoothquant", "awq")
+WEIGHT_STEPS = ("gptq", "autoround")
+SECTIONS = {"smoothquant": SmoothQuant, "awq": Awq, "gptq": Gptq, "autoround": AutoRound}
+Scheme = Literal["fp8_w8a8_per_tensor_static", "fp8_per_channel_per_token"]
+
+
+class Gate(_Strict):
+    overall_sigma: float = Field(0.13, gt=0)
+    gripper_change_rate: float = Field(0.005, ge=0, le=1)
+
+
+class Calibrator(_Strict):
+    """How the static input scales are calibrated from the calibration calls."""
+
+    method: Literal["max", "moving_average", "histogram", "range_shrink"] = "max"
+    momentum: float = Field(0.01, gt=0, le=1, description="moving_average, range_shrink: weight of each new call's "
+                            "statistic in the exponential moving average (range_shrink's averaging_constant)")
+    shrink_percent: float = Field(0.01, gt=0, lt=50, description="range_shrink: percent of the signed values "
+                                  "dropped from each tail of every call (TI edgeai-tensorlab range_shrink_percentile)")
+    percentile: float = Field(99.99, gt=0, le=100, description="histogram: percentile of |x| (ModelOpt)")
+
+
+LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[-_][A-Za-z0-9]+)*")  # en, ko, pt-BR, zh_Hant
+
+
+def _localized(value: Any) -> Any:
+    """A text shown on the cards: one string for every language, or ``{en: ..., ko: ...}`` with ``en`` (the tool's
+    language) required and each language's text a non-empty string. One message for every shape that is neither
+    (pydantic would report each member of the union apart)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "en" in value and all(
+            isinstance(k, str) and LANGUAGE_CODE.fullmatch(k) and isinstance(v, str) and v.strip()
+            for k, v in value.items()):
+        return value
+    raise ValueError("give one text, or a text per language such as {en: 'FP8 GPTQ', ko: 'FP8 GPTQ 빌드'}: 'en' is "
+                     f"required, keys are language codes, texts are not empty; got {value!r}")
+
+
+Localized = Annotated[str | dict[str, str], BeforeValidator(_localized)]
+
+
+class BuildConfig(_Strict):
+    name: str
+    title: Localized
+    repo: str
+    recipe: list[RecipeStep] = Field(min_length=1, description="steps in order: at most one smoothing step "
+                                     "(smoothquant, awq), then at most one weight step (gptq, autoround); rtn alone "
+                                     "is ModelOpt's round-to-nearest")
+    scheme: Scheme = "fp8_w8a8_per_tensor_static"
+    smoothquant: SmoothQuant | None = None
+    awq: Awq | None = None
+    gptq: Gptq | None = None
+    autoround: AutoRound | None = None
+    calibrator: Calibrator = Calibrator()
+    arithmetic: Literal["native", "cpu", "cuda"] = Field(
+        "native", description="FP8 rounding of the export: the building device's, or CPU's / CUDA's emulated"
+    )
+    quantized: list[str] = Field(default_factory=lambda: list(NANO_QUANTIZED), min_length=1)
+    kept_bf16: list[str] = Field(min_length=1)
+    calibration_calls: int = Field(256, ge=1)
+    algorithm_calls: int = Field(32, ge=0)
+    gate: Gate = Gate()
+    description: Localized = ""
+    delivered: bool = False
+    deliverable: bool = Field(True, description="false: a build that NVIDIA's policy server cannot serve; "
+                              "'release push' refuses it")
+
+    @field_validator("recipe", mode="before")
+    @classmethod
+    def _one_step(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("repo")
+    @classmethod
+    def _repo(cls, v: str) -> str:
+        return hub_name(v, "repo")
+
+    @field_validator("quantized")
+    @classmethod
+    def _patterns_are_linears(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if not p.startswith("layers."):
+                raise ValueError(f"{p!r} is not a decoder-layer Linear pattern (expected 'layers.*.<module>')")
+        return v
+
+    @model_validator(mode="after")
+    def _recipe_parameters(self) -> BuildConfig:
+        steps = self.recipe
+        if len(set(steps)) != len(steps):
+            raise ValueError("a recipe step is listed twice in 'recipe'; list each once")
+        if "rtn" in steps and len(steps) > 1:
+            raise ValueError("'rtn' is the recipe without steps; remove it or the other steps")
+        smoothing = [s for s in steps if s in SMOOTHING_STEPS]
+        weights = [s for s in steps if s in WEIGHT_STEPS]
+        if len(smoothing) > 1 or len(weights) > 1:
+            raise ValueError("a recipe takes at most one smoothing step (smoothquant, awq) and one weight step "
+                             "(gptq, autoround)")
+        if smoothing and weights and steps.index(smoothing[0]) > steps.index(weights[0]):
+            raise ValueError(f"'{smoothing[0]}' must come before '{weights[0]}' in 'recipe' (smoothing is folded "
+                             "into the weights the weight step quantizes)")
+        for section in SECTIONS:
+            if getattr(self, section) is not None and section not in steps:
+                raise ValueError(f"'{section}' section given, but 'recipe' has no step {section!r}; remove it")
+        if self.needs_algorithm_data and self.algorithm_calls < 1:
+            raise ValueError(f"recipe {'+'.join(steps)!r} needs algorithm_calls >= 1")
+        if self.layerwise and self.calibrator.method != "max":
+            raise ValueError(f"calibrator '{self.calibrator.method}' cannot follow layer-by-layer calibration "
+                             f"({'+'.join(steps)}); use method 'max'")
+        if self.scheme == "fp8_per_channel_per_token" and self.calibrator.method != "max":
+            raise ValueError("scheme 'fp8_per_channel_per_token' quantizes activations per token at run time: "
+                             "there are no static input scales to calibrate; use calibrator method 'max'")
+        if self.delivered and not self.deliverable:
+            raise ValueError("'delivered: true' with 'deliverable: false'; a build that cannot be served cannot be "
+                             "one of the release's repos")
+        return self
+
+    def text(self, field: Literal["title", "description"], lang: str = "en") -> str:
+        """The field in ``lang``: its one text, or its text for ``lang``; a per-language field without that language
+        is refused (the card would show English there), as ``check_catalog`` refuses a catalog gap."""
+        value: str | dict[str, str] = getattr(self, field)
+        if isinstance(value, str):
+            return value
+        if lang not in value:
+            raise ReleaseError(f"{builds_dir() / self.name}.yaml: field '{field}' has no {lang!r} text; the {lang} "
+                               f"card would show English there: add '{lang}: ...' under '{field}'")
+        return value[lang]
+
+    def section(self, step: str) -> Any:
+        """The parameters of recipe step ``step``: its section, or the section's defaults."""
+        return getattr(self, step) or SECTIONS[step]()
+
+    @property
+    def needs_algorithm_data(self) -> bool:
+        """Whether a step reads the algorithm calls (smoothing statistics, GPTQ's Hessians, AutoRound's tuning)."""
+        return any(s in ("smoothquant", "awq", "gptq") for s in self.recipe) or (
+            "autoround" in self.recipe and self.section("autoround").tuning != "none")
+
+    @property
+    def layerwise(self) -> bool:
+        """Whether ModelOpt calibrates layer by layer (GPTQ's option; the seed-faithful AutoRound's calibration)."""
+        return ("gptq" in self.recipe and self.section("gptq").layerwise) or (
+            "autoround" in self.recipe and self.section("autoround").tuning == "none")
+
+    def digest(self) -> str:
+        """Stable hash of the validated build configuration (recorded in provenance)."""
+        return hashlib.sha256(json.dumps(self.model_dump(), sort_keys=True).encode()).hexdigest()
+
+
+BUILDS_OPTION: list[Path] = []  # set by ``release --builds DIR`` for the process
+
+
+def builds_source() -> tuple[Path, str]:
+    """The folder of build files in use and why: ``--builds DIR``, then ``$RELEASE_BUILDS``, then ``./builds`` (a
+    folder with a release.yaml in the current directory), then the defaults that ship with the tool."""
+    from release.core.io import data_path
+
+    if BUILDS_OPTION:
+        return BUILDS_OPTION[-1], "--builds"
+    if os.environ.get(BUILDS_ENV):
+        return Path(os.environ[BUILDS_ENV]), BUILDS_ENV
+    if (Path("builds") / "release.yaml").is_file():
+        return Path("builds"), "./builds"
+    return data_path("builds"), ("the defaults shipped with release; 'release init DIR' copies them to DIR/builds "
+                                 "to edit")
+
+
+def builds_dir() -> Path:
+    return builds_source()[0]
+
+

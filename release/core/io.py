@@ -1,0 +1,282 @@
+"""File helpers shared by the stages: the package's data folders, atomic outputs, JSON, hashing."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import json
+import os
+import re
+import secrets
+import shutil
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from release.core.errors import ReleaseError
+
+# The card templates, the catalogs and the default build files: inside an installed wheel they sit in the package
+# (``setup.py`` copies the checkout's top-level folders there when it builds one); in a checkout or an editable
+# install, the checkout's own folders are used.
+PACKAGE = Path(__file__).resolve().parents[1]
+PACKAGE_DATA = PACKAGE / "_data"
+CHECKOUT = PACKAGE.parent
+
+
+def data_path(name: str) -> Path:
+    """``templates``, ``locales`` or ``builds``: the wheel's copy, else the checkout's."""
+    packaged = PACKAGE_DATA / name
+    return packaged if packaged.is_dir() else CHECKOUT / name
+
+# What ``atomic_dir`` / ``replace_dir`` leave beside ``final`` while they run: ``.<name>.<kind>-<pid>-<random>``.
+# tmp: the new folder being written (or, after an exchange, the old one being deleted); old: the whole old folder,
+# renamed aside for a moment; del: the old folder being deleted.
+_SIBLING = re.compile(r"(tmp|old|del)-(\d+)-[0-9a-f]+")
+
+
+def _sibling(final: Path, kind: str) -> Path:
+    return final.with_name(f".{final.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the C library, the
+    kernel or the file system cannot."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None) if sys.platform == "linux" else None
+    if renameat2 is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
+def clean_stale(final: Path) -> None:
+    """Tidy up after earlier runs on ``final`` that were killed: only this output's temporaries, only those whose
+    process is gone (a running build or push keeps its own).
+
+    A run killed between moving the old folder aside and the new one in leaves no ``final`` but the whole old folder
+    as ``.<name>.old-...``: it is renamed back first. Everything else is a partial new folder, or an old one whose
+    replacement is in place, and is deleted.
+    """
+    if not final.parent.is_dir():
+        return
+    prefix = f".{final.name}."
+    stale: list[tuple[str, Path]] = []
+    for path in final.parent.iterdir():
+        match = _SIBLING.fullmatch(path.name[len(prefix):]) if path.name.startswith(prefix) else None
+        if match and not _alive(int(match[2])):
+            stale.append((match[1], path))
+    olds = [path for kind, path in stale if kind == "old"]
+    if olds and not (final.exists() or final.is_symlink()):
+        os.rename(max(olds, key=lambda p: p.stat().st_ctime), final)
+    for _, path in stale:
+        if path.exists() or path.is_symlink():
+            _remove(path)
+
+
+def replace_dir(src: Path, final: Path) -> None:
+    """Move the complete folder ``src`` (a sibling of ``final``) to ``final``, replacing what is there, so that
+    ``final`` holds at every instant either all of the old folder or all of the new one.
+
+    On Linux the two are exchanged in one system call and the old folder, now at ``src``, is deleted. Where the file
+    system cannot exchange, the old folder is renamed aside (``.<name>.old-<pid>-<random>``), ``src`` is renamed in,
+    then the old folder is deleted. Between those two renames ``final`` is absent for an instant but the old folder
+    is whole under that name, and ``clean_stale`` (the next ``atomic_dir`` on ``final``) puts it back.
+    """
+    if not (final.exists() or final.is_symlink()):
+        os.rename(src, final)
+        return
+    if _exchange(src, final):
+        _remove(src)  # the old folder
+        return
+    old = _sibling(final, "old")
+    os.rename(final, old)
+    try:
+        os.rename(src, final)
+    except BaseException:
+        os.rename(old, final)
+        raise
+    gone = _sibling(final, "del")  # an "old" name only ever holds a whole folder
+    os.rename(old, gone)
+    _remove(gone)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: Path) -> Iterator[Path]:
+    """Yield a new folder beside ``final``; put it in place of ``final`` (``replace_dir``) only if the block succeeds.
+
+    A failure (or Ctrl-C) removes the new folder and leaves ``final`` as it was; what a killed earlier run left is
+    cleaned first (``clean_stale``).
+    """
+    created = not final.parent.exists()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale(final)
+    tmp = _sibling(final, "tmp")
+    tmp.mkdir()
+    ok = False
+    try:
+        yield tmp
+        replace_dir(tmp, final)
+        ok = True
+    except Exception as exc:
+        _refuse_full_disk(final, tmp, exc)  # said before the partial folder is removed: then the disk has room again
+        raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if not ok and created and not any(final.parent.iterdir()):
+            final.parent.rmdir()  # the failed run created the output folder: leave no trace
+
+
+FULL_DISK = 64 * 2**20  # less free than this after a write failed: the disk was full (torch.save does not say so)
+
+
+def disk_full(path: Path, exc: BaseException) -> str | None:
+    """How full the disk of ``path`` is, when ``exc`` came from a full disk: an OSError ENOSPC or EDQUOT anywhere in
+    its chain, the same error as safetensors words it, or less than ``FULL_DISK`` left (torch.save's own words say
+    only that its write failed); else None."""
+    chain: list[BaseException] = []
+    link: BaseException | None = exc
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    said = any((isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)) or "os error 28" in str(e)
+               or "No space left on device" in str(e) for e in chain)
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return "no space left" if said else None
+    return f"{free / 2**20:.0f} MiB free" if said or free < FULL_DISK else None
+
+
+def _refuse_full_disk(final: Path, written: Path, exc: BaseException) -> None:
+    """A one-line error naming ``final`` when writing ``written`` failed on a full disk (:func:`disk_full`)."""
+    full = disk_full(written, exc)
+    if full is not None:
+        raise ReleaseError(f"{final}: the disk ran out of space while it was written ({full}); free space on it or "
+                           "write the outputs to another disk") from exc
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """``path`` holds ``data`` whole, or its old content: a failed write leaves no temporary (a full disk: a one-line
+    error naming ``path``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    except Exception as exc:
+        try:
+            _refuse_full_disk(path, tmp, exc)
+        finally:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, obj: Any) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path, what: str) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` for the block, its holder's pid written in it.
+
+    While another process (or another open of the file) holds it, fail at once with a one-line error naming that
+    pid. The kernel releases the lock when its holder exits, however it exits: a stale lock file locks nothing.
+    """
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise ReleaseError(f"another {what} is running (pid {pid}); wait for it to finish, then run again") \
+                from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_json(path: Path, what: str, command: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The JSON object another stage wrote at ``path``, with the ``required`` top-level fields; missing, not JSON,
+    not an object or without a required field is a one-line error that names ``path`` and ``command``, the command
+    that (re)writes it."""
+    if not path.is_file():
+        raise ReleaseError(f"{path}: missing ({what}); run '{command}' first")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # invalid JSON or not UTF-8
+        raise ReleaseError(f"{path}: not valid JSON ({what}: {exc}); run '{command}' to rewrite it") from exc
+    if not isinstance(doc, dict):
+        raise ReleaseError(f"{path}: expected a JSON object ({what}), got {type(doc).__name__}; run '{command}' to "
+                           "rewrite it")
+    for key in required:
+        if key not in doc:
+            raise ReleaseError(f"{path}: field '{key}' is missing ({what}); run '{command}' to rewrite it")
+    return doc
+
+
+def output_folder(path: Path, option: str = "--out") -> Path:
+    """``path`` if it is a folder or can become one; a file at it or above it is a one-line error, raised before any
+    work starts rather than when the first output is written."""
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise ReleaseError(f"{option} {path}: {p} exists and is not a folder; choose another {option}")
+            break
+    return path
+
+
+CACHE_ENV = "RELEASE_CACHE"
+
+
+def cache_dir() -> Path:
+    """Where calibration captures, rollouts and file hashes are kept: ``RELEASE_CACHE``, default ``.cache/release``."""
+    return Path(os.environ.get(CACHE_ENV, ".cache/release"))
+
+
+def build_date() -> str:
+    """UTC time of this run; ``SOURCE_DATE_EPOCH`` pins it for reproducible outputs."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if epoch and not epoch.isdigit():
+        raise ReleaseError(f"SOURCE_DATE_EPOCH={epoch!r}: must be whole seconds since 1970 (e.g. $(date +%s))")
+    when = datetime.fromtimestamp(int(epoch), UTC) if epoch else datetime.now(UTC)
+    return when.replace(microsecond=0).isoformat()

@@ -1,0 +1,289 @@
+"""``release observations import-lerobot``: DROID frames of a local LeRobot dataset as an observation set.
+
+Both on-disk versions of the LeRobot format are read (layouts as lerobot's own code writes them):
+
+* ``v2.1``: ``meta/info.json``, ``meta/episodes.jsonl``, ``meta/episodes_stats.jsonl``; one parquet per episode
+  (``data_path`` with ``episode_chunk`` and ``episode_index``), one mp4 per episode and camera (``video_path``); a
+  frame's time in its video is its ``timestamp``.
+* ``v3.0``: ``meta/info.json``, ``meta/episodes/chunk-*/file-*.parquet``, ``meta/stats.json``; parquet files of many
+  episodes (``data_path`` with ``chunk_index``, ``file_index``) and mp4 files that concatenate episodes per camera
+  (``video_path`` with ``video_key``); a frame's time is its episode's ``videos/<camera>/from_timestamp`` plus its
+  ``timestamp``.
+
+DROID as lerobot ports it (``examples/port_datasets/port_droid.py``; ``lerobot/droid_1.0.1``, 15 fps): the cameras
+``observation.images.exterior_1_left``, ``exterior_2_left`` and ``wrist_left`` (180 x 320), ``observation.state``
+(7 joint positions in rad and the gripper in [0, 1]), ``action`` (the next joint positions and gripper: what the
+policy predicts), ``language_instruction`` (``_2``, ``_3``) and ``building``, the lab that recorded the episode.
+
+The dependency: pyarrow (through pandas) for the tables and PyAV for the videos, the libraries lerobot itself reads
+them with. lerobot was not taken: it pins torch below 2.12 and reads only v3.0 since 0.4 (v2.1 needs 0.3.3, which
+pulls in diffusers, wandb and rerun); neither was the standalone ``lerobot-dataset`` (Python 3.12+, torchvision,
+torchcodec and OpenCV; v3.0 only). The formats are a few tables and a path template each.
+
+Frames are decoded exactly: the video is sought to the last key frame before the frame's time and decoded forward to
+the frame whose presentation time is nearest to it, which must lie within half a frame period; anything else is an
+error, never a neighbouring frame.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from release.core.errors import ReleaseError
+from release.core.io import atomic_dir, output_folder, write_json
+from release.inputs.observations import CAMERAS, FORMAT
+
+VERSIONS = ("v2.1", "v3.0")
+CAMERA_KEYS = {"observation.images.exterior_1_left": "exterior_image_1_left",
+               "observation.images.exterior_2_left": "exterior_image_2_left",
+               "observation.images.wrist_left": "wrist_image_left"}
+STATE, ACTION, LAB = "observation.state", "action", "building"
+INSTRUCTIONS = ("language_instruction", "language_instruction_2", "language_instruction_3")
+EXTRA = "lerobot"
+
+
+def _modules() -> tuple[Any, Any]:
+    try:
+        import av
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ReleaseError(f"import-lerobot needs pyarrow and PyAV, the '{EXTRA}' extra: pip install "
+                           f"'release[{EXTRA}]'") from exc
+    return pq, av
+
+
+@dataclass(frozen=True)
+class Dataset:
+    root: Path
+    version: str
+    info: dict[str, Any]
+    episodes: Any  # pandas DataFrame, one row per episode (v3.0: with its file locations and video offsets)
+
+    @property
+    def fps(self) -> float:
+        return float(self.info["fps"])
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ReleaseError(f"{path}: missing; not a LeRobot dataset (expected meta/info.json and its tables)") from exc
+    except ValueError as exc:
+        raise ReleaseError(f"{path}: not valid JSON ({exc}); the dataset is damaged") from exc
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise ReleaseError(f"{path}: missing; a LeRobot v2.1 dataset lists its episodes there")
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as exc:
+                raise ReleaseError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+    return rows
+
+
+def open_dataset(root: Path) -> Dataset:
+    """The dataset's metadata, checked: a known codebase version and every DROID feature the import reads."""
+    import pandas as pd
+
+    pq, _ = _modules()
+    info_path = root / "meta" / "info.json"
+    info = _json(info_path)
+    version = info.get("codebase_version") if isinstance(info, dict) else None
+    if version not in VERSIONS:
+        raise ReleaseError(f"{info_path}: codebase_version {version!r} is not one this tool reads "
+                           f"({', '.join(VERSIONS)}); convert the dataset with lerobot's converter")
+    features = info.get("features", {})
+    for key in CAMERA_KEYS:
+        if key not in features:
+            cameras = sorted(k for k, v in features.items() if isinstance(v, dict) and v.get("dtype") == "video")
+            raise ReleaseError(f"{info_path}: camera {key!r} is missing (the dataset's cameras: "
+                               f"{', '.join(cameras) or 'none'}); the policy needs DROID's three views")
+        if features[key].get("dtype") != "video":
+            raise ReleaseError(f"{info_path}: camera {key!r} is stored as {features[key].get('dtype')!r}; this tool "
+                               "reads video cameras")
+    for key in (STATE, LAB):
+        if key not in features:
+            raise ReleaseError(f"{info_path}: feature {key!r} is missing; a DROID port has it")
+    if list(features[STATE].get("shape", [])) != [8]:
+        raise ReleaseError(f"{info_path}: feature {STATE!r} has shape {features[STATE].get('shape')}; DROID's is [8] "
+                           "(7 joint positions and the gripper)")
+    for key in ("fps", "data_path", "video_path"):
+        if not info.get(key):
+            raise ReleaseError(f"{info_path}: field {key!r} is missing")
+    if version == "v2.1":
+        episodes = pd.DataFrame(_jsonl(root / "meta" / "episodes.jsonl"))
+    else:
+        files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+        if not files:
+            raise ReleaseError(f"{root / 'meta' / 'episodes'}: no episode tables (chunk-*/file-*.parquet); the v3.0 "
+                               "dataset is incomplete")
+        episodes = pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+    if "episode_index" not in episodes:
+        raise ReleaseError(f"{root / 'meta'}: the episode table has no 'episode_index'")
+    return Dataset(root, version, info, episodes.sort_values("episode_index").reset_index(drop=True))
+
+
+def _data_files(ds: Dataset) -> list[Path]:
+    chunks = int(ds.info.get("chunks_size", 1000))
+    if ds.version == "v2.1":
+        rels = [ds.info["data_path"].format(episode_chunk=int(e) // chunks, episode_index=int(e))
+                for e in ds.episodes["episode_index"]]
+    else:
+        pairs = sorted({(int(c), int(f)) for c, f in zip(ds.episodes["data/chunk_index"],
+                                                          ds.episodes["data/file_index"], strict=True)})
+        rels = [ds.info["data_path"].format(chunk_index=c, file_index=f) for c, f in pairs]
+    paths = [ds.root / rel for rel in rels]
+    missing = next((p for p in paths if not p.is_file()), None)
+    if missing is not None:
+        raise ReleaseError(f"{missing}: missing; the episode table lists it")
+    return paths
+
+
+def frames(ds: Dataset) -> Any:
+    """Every frame's episode, index, timestamp, lab, instruction and state (only those columns are read)."""
+    import pandas as pd
+
+    pq, _ = _modules()
+    wanted = ["episode_index", "frame_index", "timestamp", LAB, STATE, *INSTRUCTIONS]
+    parts = []
+    for path in _data_files(ds):
+        schema = pq.read_schema(path)
+        missing = [c for c in ("episode_index", "frame_index", "timestamp", LAB, STATE) if c not in schema.names]
+        if missing:
+            raise ReleaseError(f"{path}: column {missing[0]!r} is missing")
+        parts.append(pq.read_table(path, columns=[c for c in wanted if c in schema.names]).to_pandas())
+    table = pd.concat(parts, ignore_index=True)
+    texts = [table[c].fillna("").astype(str).str.strip() for c in INSTRUCTIONS if c in table]
+    table["instruction"] = ""
+    for text in reversed(texts):  # the first non-empty of language_instruction, _2, _3
+        table["instruction"] = text.where(text != "", table["instruction"])
+    table["lab"] = table[LAB].fillna("").astype(str).str.strip()
+    return table.sort_values(["episode_index", "frame_index"]).reset_index(drop=True)
+
+
+def sample(table: Any, labs: list[str], per_lab: int, seed: int) -> Any:
+    """``per_lab`` frames of each lab, drawn without replacement by a generator seeded with ``seed``, from the frames
+    of episodes that have an instruction; the same inputs give the same frames."""
+    present = sorted(set(table["lab"]) - {""})
+    rng = np.random.default_rng(seed)
+    picks = []
+    for lab in labs:
+        if lab not in present:
+            raise ReleaseError(f"lab {lab!r} is not in the dataset (its labs, field {LAB!r}: {', '.join(present)}); "
+                               "pass --labs with labs it has")
+        rows = table.index[(table["lab"] == lab) & (table["instruction"] != "")].to_numpy()
+        if len(rows) < per_lab:
+            raise ReleaseError(f"lab {lab!r} has {len(rows)} frames with an instruction, fewer than --per-lab "
+                               f"{per_lab}; ask for fewer")
+        picks += sorted(rows[rng.choice(len(rows), size=per_lab, replace=False)].tolist())
+    return table.loc[picks]
+
+
+def _video(ds: Dataset, episode: int, key: str) -> tuple[Path, float]:
+    """The video file of ``episode`` for camera ``key`` and where the episode starts in it (seconds)."""
+    chunks = int(ds.info.get("chunks_size", 1000))
+    if ds.version == "v2.1":
+        rel = ds.info["video_path"].format(episode_chunk=episode // chunks, video_key=key, episode_index=episode)
+        offset = 0.0
+    else:
+        row = ds.episodes.loc[ds.episodes["episode_index"] == episode].iloc[0]
+        rel = ds.info["video_path"].format(video_key=key, chunk_index=int(row[f"videos/{key}/chunk_index"]),
+                                           file_index=int(row[f"videos/{key}/file_index"]))
+        offset = float(row[f"videos/{key}/from_timestamp"])
+    path = ds.root / rel
+    if not path.is_file():
+        raise ReleaseError(f"{path}: missing; camera {key!r} of episode {episode} is in it")
+    return path, offset
+
+
+def decode_frame(path: Path, time: float, fps: float) -> np.ndarray:
+    """The RGB frame of ``path`` whose presentation time is nearest to ``time``, within half a frame period."""
+    _, av = _modules()
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        base = float(stream.time_base)
+        container.seek(max(0, math.floor(time / base)), stream=stream, backward=True, any_frame=False)
+        best, best_gap = None, math.inf
+        for frame in container.decode(stream):
+            gap = abs(float(frame.pts) * base - time)
+            if gap < best_gap:
+                best, best_gap = frame, gap
+            if float(frame.pts) * base > time + 0.5 / fps:
+                break
+    if best is None or best_gap >= 0.5 / fps:
+        raise ReleaseError(f"{path}: no frame at {time:.4f} s (nearest {best_gap:.4f} s away); the video does not "
+                           "match the episode table")
+    image: np.ndarray = best.to_ndarray(format="rgb24")
+    return image
+
+
+def action_stats(ds: Dataset) -> tuple[list[float], str]:
+    """The per-dimension std of the dataset's ``action`` from its own statistics, and where it comes from: v3.0's
+    ``meta/stats.json``, or v2.1's per-episode statistics pooled (count-weighted means and second moments)."""
+    if ds.version == "v3.0":
+        path = ds.root / "meta" / "stats.json"
+        stats = _json(path).get(ACTION, {})
+        if "std" not in stats:
+            raise ReleaseError(f"{path}: no '{ACTION}' std; the metrics need the dataset's action statistics")
+        return [float(v) for v in stats["std"]], f"meta/stats.json: {ACTION} std"
+    path = ds.root / "meta" / "episodes_stats.jsonl"
+    rows = [r["stats"][ACTION] for r in _jsonl(path) if ACTION in r.get("stats", {})]
+    if not rows:
+        raise ReleaseError(f"{path}: no '{ACTION}' statistics; the metrics need the dataset's action statistics")
+    counts = np.array([float(np.ravel(r["count"])[0]) for r in rows])
+    means, stds = np.array([r["mean"] for r in rows], float), np.array([r["std"] for r in rows], float)
+    mean = (counts[:, None] * means).sum(0) / counts.sum()
+    second = (counts[:, None] * (stds**2 + means**2)).sum(0) / counts.sum()
+    return [float(v) for v in np.sqrt(np.maximum(second - mean**2, 0))], \
+        f"meta/episodes_stats.jsonl: {ACTION} std pooled over {len(rows)} episodes"
+
+
+def import_lerobot(dataset: Path, out: Path, labs: list[str], per_lab: int, seed: int) -> Path:
+    """Write an observation set (``release-droid-obs/1``) of ``per_lab`` frames of each of ``labs`` to ``out``,
+    with ``action_stats.json`` from the dataset's statistics; nothing is written if any part fails."""
+    from PIL import Image
+
+    ds = open_dataset(dataset)
+    sigma, stats_source = action_stats(ds)
+    if len(sigma) != 8 or not all(math.isfinite(s) and s > 0 for s in sigma):
+        raise ReleaseError(f"{dataset}: the '{ACTION}' std is {sigma}; the metrics need 8 positive numbers")
+    chosen = sample(frames(ds), labs, per_lab, seed)
+    lines, size = [], None
+    with atomic_dir(output_folder(out)) as tmp:
+        (tmp / "images").mkdir()
+        for obs_id, (_, row) in enumerate(chosen.iterrows()):
+            episode, frame_index = int(row["episode_index"]), int(row["frame_index"])
+            images = {}
+            for key, camera in CAMERA_KEYS.items():
+                path, offset = _video(ds, episode, key)
+                pixels = decode_frame(path, offset + float(row["timestamp"]), ds.fps)
+                size = size or (pixels.shape[1], pixels.shape[0])
+                if (pixels.shape[1], pixels.shape[0]) != size:
+                    raise ReleaseError(f"{path}: frames of {pixels.shape[1]}x{pixels.shape[0]}, other cameras "
+                                       f"{size[0]}x{size[1]}; the policy sets the three views side by side")
+                rel = f"images/{obs_id:05d}_{camera}.png"
+                Image.fromarray(pixels).save(tmp / rel, format="PNG")
+                images[camera] = rel
+            lines.append(json.dumps({"obs_id": obs_id, "episode_id": f"{ds.root.name}/{episode}/{frame_index}",
+                                     "lab": row["lab"], "instruction": row["instruction"],
+                                     "state": [float(v) for v in np.asarray(row[STATE], dtype=float)],
+                                     "images": images}, sort_keys=True))
+        (tmp / "observations.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        write_json(tmp / "action_stats.json", {"sigma": sigma, "note": f"{dataset.name}, {stats_source}"})
+        write_json(tmp / "index.json", {
+            "format": FORMAT, "count": len(lines), "cameras": CAMERAS, "seed": seed, "image_size": list(size or ()),
+            "source": {"dataset": dataset.name, "codebase_version": ds.version, "fps": ds.fps, "per_lab": per_lab,
+                       "labs": labs, "cameras": CAMERA_KEYS, "state": STATE, "lab_field": LAB,
+                       "action_stats": stats_source}})
+    return out

@@ -1,0 +1,2 @@
+"""Measuring builds: policy replays against BF16 (``release eval``), their statistics, the tables and the
+selection rule."""

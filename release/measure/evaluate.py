@@ -1,0 +1,406 @@
+"""``release eval`` and ``release import-served``: policy replays against BF16, stored per observation.
+
+Paths: ``fakequant`` (the source with ModelOpt fake quantization at the build's scales), ``deployed`` (the exported
+build through diffusers: ModelOpt's FP8 GEMM on CUDA, an emulation of its arithmetic on a CPU) and ``served``
+(results imported from a policy server). Every path stores ``results/<path>-<split>.npz`` in the build folder:
+``reference`` and ``candidate`` [N, chunk, 8], ``obs_ids``, ``seeds``, ``labs``. Yardsticks (BF16 eager vs
+``torch.compile``; one noise seed vs others) go to ``<dist>/yardsticks/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from release import __version__
+from release.core.builds import load_build, load_release
+from release.core.config import BuildConfig, PolicySettings, ReleaseConfig
+from release.core.errors import ReleaseError
+from release.core.io import atomic_write, cache_dir, read_json, write_json
+from release.core.profile import device_name, stage
+from release.inputs.observations import Observation, action_sigma, load_observations, observation_set_digest
+from release.inputs.source import resolve_source, source_revision
+from release.quantize.load import deployed_transformer, fakequant_transformer
+
+Path_ = Literal["fakequant", "deployed", "served"]
+Split = Literal["calibration", "validation", "all"]
+RESULTS = "results"
+PERF = ".perf.json"  # beside a cached rollout or a results file: latency and peak GPU memory
+YARDSTICKS = "yardsticks"
+SEEDS_YARDSTICK = (4, 4)  # observations x seeds
+EMULATION = "fp8-gemm-emulation/5"  # fp32 input quotient; Hopper's fast-accumulation arithmetic (zero codes); row-wise
+
+
+EXTERNAL = "external"  # <dist>/external/<name>/: an FP8 checkpoint made elsewhere, evaluated beside the builds
+EXTERNAL_TITLE = "published NVIDIA FP8"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """What one rollout series is of: a build of the dist, or an external FP8 checkpoint (NVIDIA's published one),
+    which takes the RTN build's configuration (NVIDIA's scheme and Linears) for its fake-quant replay."""
+
+    build: BuildConfig
+    checkpoint: Path  # the folder that is loaded
+    results: Path  # where its results/ go
+    revision: str | None = None  # an external checkpoint's commit or content hash (its rollouts' cache key)
+    spec: str | None = None  # an external checkpoint as named on the command line
+
+
+def external_name(spec: str) -> str:
+    """A folder name for an external checkpoint named by a Hub id or a path (``nvidia/Cosmos3-Nano@fp8`` ->
+    ``nvidia-Cosmos3-Nano-fp8``): letters, digits, ``-`` and ``_`` only, so it stays inside ``<dist>/external``."""
+    return re.sub(r"[^A-Za-z0-9_]+", "-", spec).strip("-")[:96] or "checkpoint"
+
+
+def _as_external(name: str, title: str) -> BuildConfig:
+    return load_build("rtn").model_copy(update={"name": name, "title": title, "delivered": False,
+                                                "repo": f"{EXTERNAL}/{name}"})
+
+
+def external_builds(dist: Path) -> list[BuildConfig]:
+    """The external checkpoints evaluated into ``dist`` (``release eval --external``), as the build configuration
+    ``release tables`` scores them with: RTN's, under their own name and title."""
+    out = []
+    for meta in sorted((dist / EXTERNAL).glob("*/external.json")):
+        doc = read_json(meta, "external checkpoint", "release eval --external CHECKPOINT", ("name", "title"))
+        out.append(_as_external(external_name(str(doc["name"])), str(doc["title"])))
+    return out
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    release: ReleaseConfig
+    subjects: list[Subject]
+    path: Path_
+    split: Split
+    dist: Path
+    source: Path
+    observations: Path
+    cache: Path
+    yardsticks: bool
+
+    @property
+    def builds(self) -> list[BuildConfig]:
+        return [s.build for s in self.subjects]
+
+    @classmethod
+    def create(cls, names: tuple[str, ...], path: str, split: str, dist: Path, source: str | Path | None,
+               observations: Path | None, yardsticks: bool, all_builds: bool = False,
+               external: str | None = None, external_title: str = EXTERNAL_TITLE) -> EvalRequest:
+        from release.core.builds import available_builds
+        from release.inputs.source import resolve_checkpoint, source_identity
+
+        release = load_release()
+        if all_builds:
+            names = tuple(release.sweep or available_builds())
+        if not names and external is None:
+            raise ReleaseError(f"name at least one build ({', '.join(available_builds())}), pass --all, or "
+                               "--external CHECKPOINT")
+        subjects = []
+        for b in (load_build(n) for n in dict.fromkeys(names)):
+            if not (dist / b.repo).is_dir():
+                raise ReleaseError(f"{dist / b.repo}: missing; run 'release build {b.name}' first")
+            subjects.append(Subject(b, dist / b.repo, dist / b.repo))
+        if external is not None:
+            folder = resolve_checkpoint(external, "--external")
+            if not (folder / "transformer" / "modelopt_state.pth").is_file():
+                raise ReleaseError(f"--external {external}: {folder} has no transformer/modelopt_state.pth; it must "
+                                   "be a ModelOpt FP8 checkpoint in NVIDIA's diffusers layout")
+            name = external_name(external)
+            subjects.append(Subject(_as_external(name, external_title), folder, dist / EXTERNAL / name,
+                                    source_identity(folder).revision, external))
+        src = resolve_source(release, source)
+        obs = observations or src.parent / "observations"
+        if not (obs / "index.json").is_file():
+            raise ReleaseError(f"observation set {obs} not found; pass --observations DIR")
+        return cls(release, subjects, path, split, dist, src, obs, cache_dir(), yardsticks)  # type: ignore[arg-type]
+
+
+def select(observations: list[Observation], release: ReleaseConfig, split: str) -> list[Observation]:
+    if split == "calibration":
+        chosen = [o for o in observations if o.lab in release.calibration_labs]
+    elif split == "validation":
+        chosen = [o for o in observations if o.lab in release.heldout_labs]
+    else:
+        chosen = [o for o in observations if o.lab in release.calibration_labs + release.heldout_labs]
+    if not chosen:
+        raise ReleaseError(f"split {split!r}: no observation from its labs; the observation set has labs "
+                           f"{sorted({o.lab for o in observations})}")
+    return chosen
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
+
+
+def _rollout_paths(request: EvalRequest, label: str, observations: list[Observation], seeds: list[int]) -> list[Path]:
+    from release.core.device import compute_device
+    from release.inputs.policy import settings_digest
+
+    device = compute_device()  # CPU and GPU rollouts differ: cache them apart
+    folder = request.cache / "rollouts" / _key(label, device, source_revision(request.source),
+                                               observation_set_digest(request.observations),
+                                               settings_digest(request.release.policy))
+    return [folder / f"obs-{o.obs_id:05d}-seed-{s}.npy" for o, s in zip(observations, seeds, strict=True)]
+
+
+def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], torch.nn.Module | None],
+             observations: list[Observation], seeds: list[int], pipe_kwargs: dict[str, Any]) -> np.ndarray:
+    """[N, chunk, dims] actions, one rollout per (observation, seed); cached per item so a run resumes. Under
+    torchrun each rank rolls out its share of the missing items, then every rank reads them all. On a GPU each
+    rollout's latency and peak memory are kept beside its actions (``performance`` reads them)."""
+    from rich.progress import Progress
+
+    from release.core.device import free_memory
+    from release.core.distributed import world
+    from release.inputs.policy import load_pipeline, rollout
+
+    paths = _rollout_paths(request, label, observations, seeds)
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    todo = world().share([i for i, p in enumerate(paths) if not p.is_file()])
+    if todo:
+        with stage("eval: load the policy"):
+            pipe = load_pipeline(request.source, request.release.policy, transformer=make_transformer())
+        with Progress(transient=True) as progress:
+            task = progress.add_task(f"{world().tag}rollouts: {label}", total=len(todo))
+            for i in todo:
+                settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
+                with stage(f"eval: rollouts {label.split(':')[0]}") as measure:
+                    actions = rollout(pipe, observations[i], settings, **pipe_kwargs)
+                if measure.peak_bytes is not None:  # before the actions: cached actions on a GPU have their figures
+                    write_json(paths[i].with_suffix(PERF), {"seconds": measure.seconds, "peak_bytes":
+                                                            measure.peak_bytes, "device": device_name()})
+                np.save(paths[i].with_suffix(".tmp.npy"), actions)
+                paths[i].with_suffix(".tmp.npy").replace(paths[i])
+                progress.advance(task)
+        del pipe
+        free_memory()  # before the next path's model is placed
+    world().barrier()
+    return np.stack([np.load(p) for p in paths])
+
+
+def performance(request: EvalRequest, label: str, observations: list[Observation],
+                seeds: list[int]) -> dict[str, Any] | None:
+    """The median latency and the peak GPU memory of the rollouts of ``label`` (None unless every one of them ran
+    on the same kind of GPU)."""
+    paths = [p.with_suffix(PERF) for p in _rollout_paths(request, label, observations, seeds)]
+    if not all(p.is_file() for p in paths):
+        return None
+    records = [_timing(p) for p in paths]
+    if len({r["device"] for r in records}) != 1:
+        return None
+    return {"device": records[0]["device"], "rollouts": len(records),
+            "seconds_median": float(np.median([r["seconds"] for r in records])),
+            "peak_gib": max(r["peak_bytes"] for r in records) / 2**30}
+
+
+def _timing(path: Path) -> dict[str, Any]:
+    """One cached rollout's latency record, as ``rollouts`` wrote it; anything else names the file."""
+    import json
+
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:  # invalid JSON or not UTF-8
+        record = None
+    if not isinstance(record, dict) or not isinstance(record.get("device"), str) or not all(
+            type(record.get(k)) in (int, float) and record[k] >= 0 for k in ("seconds", "peak_bytes")):
+        raise ReleaseError(f"{path}: not a rollout timing record (seconds, peak_bytes, device); delete it and "
+                           f"{path.name.removesuffix(PERF)}.npy beside it, then rerun release eval (that rollout "
+                           "runs again)")
+    return record
+
+
+def save_results(path: Path, reference: np.ndarray, candidate: np.ndarray, observations: list[Observation],
+                 seeds: list[int], sigma: np.ndarray) -> None:
+    """The action chunks with each observation's metrics (domain notes §5); ``release tables`` adds the intervals."""
+    import io
+
+    from release.core.distributed import world
+    from release.measure.stats import JOINTS, per_observation
+
+    if not world().main:  # under torchrun rank 0 writes
+        return
+    po = per_observation(reference, candidate, sigma)
+    buf = io.BytesIO()
+    np.savez(buf, reference=reference, candidate=candidate, obs_ids=np.array([o.obs_id for o in observations]),
+             seeds=np.array(seeds), labs=np.array([o.lab for o in observations]), sigma=sigma,
+             overall_sigma=np.sqrt(po.sq_err / (po.steps * po.dims)), joint_mae_deg=po.abs_joint_deg / (
+                 po.steps * JOINTS), gripper_agree=po.grip_agree.astype(np.int64), max_err_sigma=po.max_err)
+    atomic_write(path, buf.getvalue())
+
+
+def load_npz(path: Path, fix: str) -> dict[str, np.ndarray]:
+    """Every array of an .npz file, read now: numpy reads members lazily, so a truncated or damaged file would
+    otherwise fail later, without its name. Any failure is a one-line error naming ``path``, then ``fix``."""
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("a single .npy array, not an .npz archive of named arrays")
+        with data:
+            return {key: data[key] for key in data.files}
+    except Exception as exc:  # zipfile, zlib, EOF, header and pickle errors alike: the file cannot be read
+        reason = (str(exc).splitlines() or [""])[0]
+        raise ReleaseError(f"{path}: not a readable .npz file ({type(exc).__name__}: {reason}); {fix}") from exc
+
+
+def describe(path: Path) -> str:
+    """One line of a results file's point estimates over all its observations."""
+    data = load_npz(path, "rerun the command that wrote it ('release eval' or 'release import-served')")
+    steps = data["candidate"].shape[0] * data["candidate"].shape[1]
+    rows, observations = len(data["obs_ids"]), len(np.unique(data["obs_ids"]))
+    counted = f"{observations} observations" if rows == observations else \
+        f"{rows} rollouts of {observations} observations"  # the seed yardstick: several seeds per observation
+    return (f"{counted}, overall {np.sqrt(np.mean(data['overall_sigma'] ** 2)):.4f} "
+            f"sigma, joint MAE {np.mean(data['joint_mae_deg']):.3f} deg, gripper {int(data['gripper_agree'].sum())}"
+            f"/{steps} steps agree")
+
+
+def _label(request: EvalRequest, subject: Subject) -> str:
+    """The cache key of a build's rollouts, from its provenance.json: its configuration and calibration data, the
+    tool version and the emulation's arithmetic (a change of any re-runs the rollouts). An external checkpoint's
+    key is its revision."""
+    build = subject.build
+    if subject.revision is not None:
+        return f"{request.path}:{EXTERNAL}:{build.name}:{subject.revision}:{__version__}:{EMULATION}"
+    path = request.dist / build.repo / "provenance.json"
+    prov = read_json(path, "provenance", f"release build {build.name}")
+    calibration = prov.get("calibration")
+    config, data = prov.get("config_sha256"), calibration.get("sha256") if isinstance(calibration, dict) else None
+    if not isinstance(config, str) or not isinstance(data, str):
+        raise ReleaseError(f"{path}: fields 'config_sha256' and 'calibration.sha256' must be hashes; rebuild with "
+                           f"'release build {build.name}'")
+    return f"{request.path}:{build.name}:{config}:{data}:{__version__}:{EMULATION}"
+
+
+def run_eval(request: EvalRequest) -> list[Path]:
+    """Replay the policy for BF16 and each build on the split, store the results (and yardsticks if asked).
+    Under torchrun the ranks share the rollouts and rank 0 writes the results (the others return none)."""
+    from release.core.distributed import world
+
+    policy: PolicySettings = request.release.policy
+    obs = select(load_observations(request.observations), request.release, request.split)
+    sigma = action_sigma(request.observations, request.release.action_stats, policy.action_dims)
+    labels = {s.build.name: _label(request, s) for s in request.subjects}  # before any model runs
+    seeds = [policy.noise_seed] * len(obs)
+    reference = rollouts(request, "bf16", lambda: None, obs, seeds, {})
+    written = []
+    deployed_kwargs = {"mixed_precision_format": "none"}  # W8A8 on every step, as NVIDIA's policy server serves it
+    for subject in request.subjects:
+        label = labels[subject.build.name]
+        if request.path == "fakequant":
+            make = functools.partial(fakequant_transformer, request.source, subject.checkpoint, subject.build)
+            candidate = rollouts(request, label, make, obs, seeds, {})
+        else:
+            candidate = rollouts(request, label, functools.partial(deployed_transformer, subject.checkpoint), obs,
+                                 seeds, deployed_kwargs)
+        out = subject.results / RESULTS / f"{request.path}-{request.split}.npz"
+        save_results(out, reference, candidate, obs, seeds, sigma)
+        speed = {"bf16": performance(request, "bf16", obs, seeds), "build": performance(request, label, obs, seeds)}
+        if world().main and None not in speed.values():  # rollouts on a GPU: their latency and memory beside them
+            write_json(out.with_suffix(PERF), speed)
+        elif world().main:
+            out.with_suffix(PERF).unlink(missing_ok=True)  # an earlier run's figures are not these results'
+        if subject.revision is not None and world().main:  # what 'release tables' needs to score it
+            write_json(subject.results / "external.json", {"name": subject.build.name,
+                                                           "title": subject.build.text("title"),
+                                                           "checkpoint": subject.spec, "revision": subject.revision})
+        written.append(out)
+    if request.yardsticks:
+        written += run_yardsticks(request, obs, reference, sigma)
+    return written if world().main else []
+
+
+def run_yardsticks(request: EvalRequest, obs: list[Observation], reference: np.ndarray,
+                   sigma: np.ndarray) -> list[Path]:
+    """BF16 eager vs BF16 ``torch.compile`` on the split, and one noise seed vs others on a few observations."""
+    from diffusers import Cosmos3OmniTransformer
+
+    policy = request.release.policy
+    seeds = [policy.noise_seed] * len(obs)
+
+    def compiled() -> torch.nn.Module:
+        model = Cosmos3OmniTransformer.from_pretrained(str(request.source / "transformer"), dtype=torch.bfloat16)
+        return torch.compile(model.eval(), dynamic=True)  # type: ignore[return-value]
+
+    compiled_actions = rollouts(request, "bf16-compile", compiled, obs, seeds, {})
+    out = request.dist / YARDSTICKS
+    save_results(out / f"compile-{request.split}.npz", reference, compiled_actions, obs, seeds, sigma)
+    n_obs, n_seeds = SEEDS_YARDSTICK
+    few = obs[:n_obs]
+    pairs = [o for o in few for _ in range(n_seeds)]
+    other = [policy.noise_seed + 1 + k for _ in few for k in range(n_seeds)]
+    base = rollouts(request, "bf16", lambda: None, pairs, [policy.noise_seed] * len(pairs), {})
+    varied = rollouts(request, "bf16", lambda: None, pairs, other, {})
+    save_results(out / f"seed-{request.split}.npz", base, varied, pairs, other, sigma)
+    return [out / f"compile-{request.split}.npz", out / f"seed-{request.split}.npz"]
+
+
+def _integers(file: Path, key: str, values: np.ndarray) -> list[int]:
+    """An id array as ints: integer dtypes, and floats that are whole numbers (3.0 is 3). Anything else (0.7,
+    strings, booleans) is refused, never truncated."""
+    if values.dtype.kind in "iu" or (values.dtype.kind == "f" and np.isfinite(values).all()
+                                     and (values == np.round(values)).all()):
+        return [int(v) for v in values]
+    bad = next((v for v in values.tolist() if not (isinstance(v, float) and v.is_integer())), values.tolist()[0])
+    raise ReleaseError(f"{file}: array '{key}' must hold integers, got {values.dtype} values such as {bad!r}")
+
+
+def import_served(name: str, file: Path, dist: Path, observations: Path | None, source: Path | None) -> Path:
+    """Check an external server's results (npz: reference, candidate [N, chunk, 8], obs_ids, seeds?, sigma?) and
+    store them as the build's ``served`` path."""
+    release = load_release()
+    build = load_build(name)
+    folder = dist / build.repo
+    if not folder.is_dir():
+        raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
+    data = load_npz(file, "export it again from the policy server")
+    for key in ("reference", "candidate", "obs_ids"):
+        if key not in data:
+            raise ReleaseError(f"{file}: array '{key}' is missing; expected reference, candidate [N, chunk, 8], "
+                               "obs_ids [N], optional seeds [N] and sigma [8]")
+    for key in ("reference", "candidate", "sigma"):
+        if key in data and data[key].dtype.kind not in "fiu":
+            raise ReleaseError(f"{file}: array '{key}' must hold numbers, got {data[key].dtype}")
+    ref, cand = data["reference"], data["candidate"]
+    dims = release.policy.action_dims
+    if ref.ndim != 3 or ref.shape[2] != dims or ref.shape != cand.shape:
+        raise ReleaseError(f"{file}: 'reference' {list(ref.shape)} and 'candidate' {list(cand.shape)} must both be "
+                           f"[N, chunk, {dims}]")
+    if 0 in ref.shape:
+        raise ReleaseError(f"{file}: 'reference' and 'candidate' are {list(ref.shape)}: no observation or no action "
+                           "step; export at least one observation's chunk")
+    n = ref.shape[0]
+    for key in ("obs_ids", "seeds"):
+        if key in data and data[key].shape != (n,):
+            raise ReleaseError(f"{file}: '{key}' has shape {list(data[key].shape)}, expected [{n}]")
+    for key in ("reference", "candidate"):
+        if not np.isfinite(data[key]).all():
+            raise ReleaseError(f"{file}: array '{key}' holds NaN or Inf")
+    if "sigma" in data and (data["sigma"].shape != (dims,) or not (np.isfinite(data["sigma"])
+                                                                   & (data["sigma"] > 0)).all()):
+        raise ReleaseError(f"{file}: 'sigma' must be {dims} positive numbers")
+    ids = _integers(file, "obs_ids", data["obs_ids"])
+    repeated = sorted(i for i, count in Counter(ids).items() if count > 1)
+    if repeated:
+        raise ReleaseError(f"{file}: 'obs_ids' repeats {repeated[:5]}; each observation may appear once")
+    seeds = _integers(file, "seeds", data["seeds"]) if "seeds" in data else [release.policy.noise_seed] * n
+    obs_folder = observations or resolve_source(release, source).parent / "observations"
+    known = {o.obs_id: o for o in load_observations(obs_folder)}
+    unknown = [i for i in ids if i not in known]
+    if unknown:
+        raise ReleaseError(f"{file}: unknown observation ids {unknown[:5]}; they must be obs_id values of the "
+                           "observation set")
+    sigma = data["sigma"] if "sigma" in data else action_sigma(obs_folder, release.action_stats, dims)
+    out = folder / RESULTS / "served-all.npz"
+    save_results(out, ref, cand, [known[i] for i in ids], seeds, sigma)
+    return out

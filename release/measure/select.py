@@ -1,0 +1,259 @@
+"""``release select``: the release's selection rule (``selection`` in ``builds/release.yaml``) applied to the
+fidelity tables of ``release tables``; writes ``<dist>/selection.json``, which ``release card`` tells in "How it was
+selected".
+
+The rule, as the seed card states it: the candidates are scored on one path and split; each must pass its own gate
+(its build file's, as ``release tables`` computed it), then the lowest overall sigma wins, ties going to the rule's
+``tie_break`` metrics in order and last to the order of the candidate list. ``always`` builds (RTN, the reference)
+are chosen whatever their scores, and ``count`` more from the top of the ranking among those that pass their gate.
+A candidate without results on the rule's path and split, or without a build file, is listed as not evaluated and
+cannot be chosen by rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from release.core.builds import load_build, load_release
+from release.core.config import Selection, builds_dir
+from release.core.errors import ReleaseError
+from release.core.io import build_date, output_folder, read_json, sha256_file, write_json
+from release.measure.stats import gate_failures
+
+FORMAT = "release-selection/1"
+TABLES = Path("tables") / "tables.json"
+SELECTION = "selection.json"
+TIE_BREAK_SIGN = {"gripper_agree": -1, "joint_mae_deg": 1}  # 1: the lower value ranks first, -1: the higher
+NOT_EVALUATED = {"no_build_file": "no build file", "no_results": "no results on the rule's path and split"}
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Scores(_Doc):
+    """A candidate's figures on the rule's path and split (from its tables.json record)."""
+
+    overall_sigma: float
+    overall_ci: tuple[float, float] | None  # None: too few observations for an interval
+    gripper_agree: float
+    gripper_ci: tuple[float, float]
+    gripper_changes: int
+    joint_mae_deg: float
+    n_obs: int
+    n_steps: int
+
+
+class GateResult(_Doc):
+    """The candidate's own gate: the verdict of ``release tables`` and the criteria it fails, with its build file's
+    limits (the gripper limit in changes: the rate times the steps)."""
+
+    passed: bool
+    failed: list[Literal["overall_sigma", "gripper_changes"]]
+    overall_sigma_limit: float
+    gripper_changes_limit: float
+
+
+class Candidate(_Doc):
+    build: str
+    position: int  # 1-based place in the rule's candidate list (the last tie-break)
+    title: str | None  # None: no build file
+    rank: int | None  # None: not evaluated on the rule's path and split
+    chosen: Literal["always", "rank"] | None
+    scores: Scores | None
+    gate: GateResult | None
+    not_evaluated: Literal["no_build_file", "no_results"] | None
+    evaluated_on: list[str]  # the other "path/split" of its results
+
+    @model_validator(mode="after")
+    def _evaluated_or_why_not(self) -> Candidate:
+        evaluated = (self.rank, self.scores, self.gate)
+        if self.not_evaluated is None and None in evaluated:
+            raise ValueError("an evaluated candidate needs 'rank', 'scores' and 'gate'")
+        if self.not_evaluated is not None and evaluated != (None, None, None):
+            raise ValueError("a candidate that was not evaluated has no 'rank', 'scores' or 'gate'")
+        return self
+
+
+class SelectionDoc(_Doc):
+    """``selection.json``: the candidates in ranking order (the evaluated ones by the rule, then the others in list
+    order), the rule, the date, the tables it was made from, and the chosen builds (``always`` first, then by
+    rank)."""
+
+    format: Literal["release-selection/1"]
+    date: datetime
+    rule: Selection
+    tables_sha256: str
+    candidates: list[Candidate]
+    chosen: list[str]
+
+
+def read_tables_doc(path: Path) -> dict[str, Any]:
+    """``tables.json`` (``release tables``): its records, baseline, resamples and date. A missing or damaged file is
+    a one-line error naming it and the command that rewrites it."""
+    doc = read_json(path, "fidelity tables", "release tables", ("records",))
+    records = doc["records"]
+    if not isinstance(records, list) or not all(isinstance(r, dict) and {"build", "path", "split"} <= r.keys()
+                                                for r in records):
+        raise ReleaseError(f"{path}: field 'records' must be a list of records with 'build', 'path' and 'split'; "
+                           "run 'release tables' to rewrite it")
+    return doc
+
+
+def read_tables(path: Path) -> list[dict[str, Any]]:
+    """The records of ``tables.json``."""
+    records: list[dict[str, Any]] = read_tables_doc(path)["records"]
+    return records
+
+
+def read_selection(dist: Path) -> SelectionDoc | None:
+    """``<dist>/selection.json``, or None when there is none; a damaged one, or one made from other tables than
+    ``<dist>/tables/tables.json``, is a one-line error naming it and 'release select'."""
+    path = dist / SELECTION
+    if not path.exists():
+        return None
+    raw = read_json(path, "selection", "release select")
+    try:
+        doc = SelectionDoc.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise ReleaseError(f"{path}: field '{field}': {err['msg']}; run 'release select' to rewrite it") from exc
+    tables = dist / TABLES
+    if not tables.is_file() or sha256_file(tables) != doc.tables_sha256:
+        raise ReleaseError(f"{path}: made from other tables than {tables}; run 'release select' to select from the "
+                           "current ones")
+    return doc
+
+
+def _record_error(path: Path, record: dict[str, Any], field: str, why: str) -> ReleaseError:
+    return ReleaseError(f"{path}: the record of build {record['build']!r} ({record['path']}, {record['split']}): "
+                        f"field '{field}' is {record.get(field)!r}: {why}; run 'release tables' to rewrite it")
+
+
+def _scores(path: Path, record: dict[str, Any]) -> Scores:
+    try:
+        return Scores.model_validate({k: record.get(k) for k in Scores.model_fields})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise _record_error(path, record, str(err["loc"][0]), err["msg"]) from exc
+
+
+def _gate(path: Path, record: dict[str, Any], scores: Scores) -> GateResult:
+    """The candidate's gate: the verdict of ``release tables`` and why, against its build file's limits."""
+    name = record["build"]
+    file = builds_dir() / f"{name}.yaml"
+    if not file.is_file():
+        raise ReleaseError(f"{path}: has results for build {name!r} but {file} is missing; restore the build file or "
+                           "rerun 'release tables'")
+    if not isinstance(record.get("gate"), bool):
+        raise _record_error(path, record, "gate", "must be true or false")
+    limits = load_build(name).gate
+    failed = gate_failures(scores.overall_sigma, scores.gripper_changes, scores.n_steps, limits.overall_sigma,
+                           limits.gripper_change_rate)
+    result = GateResult(passed=record["gate"], failed=failed, overall_sigma_limit=limits.overall_sigma,
+                        gripper_changes_limit=limits.gripper_change_rate * scores.n_steps)
+    if result.passed != (not failed):
+        raise ReleaseError(f"{path}: the gate of build {name!r} ({'pass' if result.passed else 'fail'}) disagrees "
+                           f"with the limits in {file} (overall <= {result.overall_sigma_limit:g}, gripper changes "
+                           f"<= {result.gripper_changes_limit:g}); the tables are older than the build file: rerun "
+                           "'release tables'")
+    return result
+
+
+def rank(rule: Selection, records: list[dict[str, Any]], path: Path) -> tuple[list[Candidate], list[str]]:
+    """Every candidate, in ranking order (the evaluated ones by the rule, then the others in list order), and the
+    chosen builds (``always`` first, then by rank); ``path`` names tables.json in errors."""
+    here = {r["build"]: r for r in records if (r["path"], r["split"]) == (rule.path, rule.split)}
+    elsewhere: dict[str, list[str]] = {}
+    for r in records:
+        if (r["path"], r["split"]) != (rule.path, rule.split):
+            elsewhere.setdefault(r["build"], []).append(f"{r['path']}/{r['split']}")
+    scored: list[tuple[str, int, Scores, GateResult]] = []
+    others: list[tuple[str, int]] = []
+    for position, name in enumerate(rule.candidates, start=1):
+        record = here.get(name)
+        if record is None:
+            others.append((name, position))
+        else:
+            scores = _scores(path, record)
+            scored.append((name, position, scores, _gate(path, record, scores)))
+
+    def key(item: tuple[str, int, Scores, GateResult]) -> tuple[Any, ...]:
+        _, position, s, g = item
+        return (not g.passed, s.overall_sigma, *(TIE_BREAK_SIGN[m] * getattr(s, m) for m in rule.tie_break),
+                position)
+
+    scored.sort(key=key)
+    by_rank = [name for name, _, _, g in scored if g.passed and name not in rule.always][:rule.count]
+
+    def chosen(name: str) -> Literal["always", "rank"] | None:
+        return "always" if name in rule.always else "rank" if name in by_rank else None
+
+    candidates = [Candidate(build=name, position=position, title=here[name].get("title"), rank=i, chosen=chosen(name),
+                            scores=s, gate=g, not_evaluated=None, evaluated_on=sorted(elsewhere.get(name, [])))
+                  for i, (name, position, s, g) in enumerate(scored, start=1)]
+    for name, position in others:
+        defined = (builds_dir() / f"{name}.yaml").is_file()
+        title = load_build(name).text("title") if defined else None
+        candidates.append(Candidate(build=name, position=position, title=title, rank=None, chosen=chosen(name),
+                                    scores=None, gate=None,
+                                    not_evaluated="no_results" if defined else "no_build_file",
+                                    evaluated_on=sorted(elsewhere.get(name, []))))
+    return candidates, [*rule.always, *by_rank]
+
+
+@dataclass(frozen=True)
+class SelectRequest:
+    rule: Selection
+    tables: Path
+    out: Path
+
+    @classmethod
+    def create(cls, dist: Path) -> SelectRequest:
+        release = load_release()
+        if release.selection is None:
+            raise ReleaseError(f"{builds_dir() / 'release.yaml'}: no 'selection' section; add one (candidates, path, "
+                               "split, tie_break, always, count: see the README) to use 'release select'")
+        output_folder(dist, "--dist")
+        return cls(release.selection, dist / TABLES, dist / SELECTION)
+
+
+def run_select(request: SelectRequest) -> SelectionDoc:
+    """Rank the candidates and write ``selection.json`` (atomically); the date is pinned by ``SOURCE_DATE_EPOCH``."""
+
+    records = read_tables(request.tables)
+    candidates, chosen = rank(request.rule, records, request.tables)
+    doc = SelectionDoc(format=FORMAT, date=datetime.fromisoformat(build_date()), rule=request.rule,
+                       tables_sha256=sha256_file(request.tables), candidates=candidates, chosen=chosen)
+    write_json(request.out, doc.model_dump(mode="json"))
+    return doc
+
+
+def ranking_table(doc: SelectionDoc) -> Any:
+    """A rich table of the ranking, for the terminal."""
+    from rich.table import Table
+
+    rule = doc.rule
+    by_rank = sum(c.chosen == "rank" for c in doc.candidates)
+    short = f"only {by_rank} of {rule.count} to choose by rank pass their gate" if by_rank < rule.count else None
+    table = Table(title=f"selection: {rule.path}, {rule.split} (chosen: {', '.join(doc.chosen)})",
+                  title_justify="left", caption=short, caption_justify="left")
+    for column in ("rank", "build", "overall sigma", "gripper agree", "changes", "gate", "chosen"):
+        table.add_column(column)
+    for c in doc.candidates:
+        if c.scores is None or c.gate is None:
+            where = f" (has {', '.join(c.evaluated_on)})" if c.evaluated_on else ""
+            table.add_row("-", c.build, "-", "-", "-", f"not evaluated: {NOT_EVALUATED[str(c.not_evaluated)]}{where}",
+                          c.chosen or "")
+            continue
+        s = c.scores
+        verdict = "[green]pass[/]" if c.gate.passed else f"[red]fail[/] ({', '.join(c.gate.failed)})"
+        table.add_row(str(c.rank), c.build, f"{s.overall_sigma:.4f}", f"{s.gripper_agree:.2%}",
+                      f"{s.gripper_changes}/{s.n_steps}", verdict, c.chosen or "")
+    return table

@@ -1,0 +1,43 @@
+"""Commands that span stages. ``release build`` makes each build (:mod:`release.quantize.build`) and verifies it
+(:mod:`release.check.verify`) as soon as it is made, so that a sweep's builds need not all be on disk at once and a
+stopped sweep has already verified what it made."""
+
+from __future__ import annotations
+
+from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
+from release.core.config import BuildConfig
+from release.core.distributed import world
+from release.quantize.build import Builder, BuildRequest, progress
+from release.quantize.recipes import ObserverPasses, observes_source
+
+
+def run_builds(request: BuildRequest) -> bool:
+    """Build every requested build from one load of the source and one calibration capture, then verify each
+    against the RTN build; True when all checks passed. Under torchrun each rank makes and verifies its share."""
+    builder = Builder.prepare(request)
+    # the reference first: in one process every other build is then verified against it as soon as it is made;
+    # under torchrun a rank that does not make the reference verifies its builds once every rank is done
+    builds = sorted(request.builds, key=lambda b: b.name != REFERENCE_BUILD)
+    reference_ready = REFERENCE_BUILD not in {b.name for b in builds}
+    verifier, ok, later = Verifier(builder.source), True, []
+
+    def verification(build: BuildConfig) -> VerifyRequest:
+        return VerifyRequest.create(build.name, request.out, None, request.source, request.observations,
+                                    require_reference=False)
+
+    mine = world().share(builds)
+    observed = ObserverPasses(b.calibrator for b in mine if observes_source(b))
+    with progress() as bars:
+        task = bars.add_task(f"{world().tag}builds", total=len(mine))
+        for build in mine:
+            builder.make(build, observed, bars.console)
+            reference_ready |= build.name == REFERENCE_BUILD
+            if reference_ready:
+                ok &= verifier(verification(build))
+            else:
+                later.append(build)
+            bars.advance(task)
+    world().barrier()  # the RTN build, the others' reference, is in place
+    for build in later:
+        ok &= verifier(verification(build))
+    return world().all_true(ok)

@@ -1,0 +1,234 @@
+"""From the data the other stages wrote to a card's template context: ``provenance.json``, the verification
+report, ``tables.json`` and ``selection.json``."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import ModelCardData
+
+from release.core.builds import available_builds, load_build
+from release.core.config import BuildConfig, ReleaseConfig
+from release.core.errors import ReleaseError
+from release.core.io import read_json
+from release.measure.select import Candidate, SelectionDoc
+from release.measure.stats import min_observations
+from release.publish.card.conclusions import conclusions
+from release.publish.card.i18n import Formatter, _, translations
+from release.publish.card.labels import (
+    CHECK_LABELS,
+    CHOSEN,
+    GATE_CRITERIA,
+    HEADERS,
+    MEASURED,
+    NOT_EVALUATED,
+    PATH_LABELS,
+    SCHEMES,
+    SPLIT_LABELS,
+    TIE_BREAKS,
+    VERDICTS,
+    baseline_name,
+    build_label,
+    build_titles,
+    estimate,
+)
+from release.publish.card.rows import check_statuses, fidelity_rows, speed_lines, verification_rows
+from release.publish.card.sections import (
+    constraint_lines,
+    decision_rows,
+    fakequant_tables,
+    path_tables,
+    paths_rows,
+    recipe_text,
+    reproduction,
+    scheme_rows,
+    setup_rows,
+)
+
+# what the card reads from provenance.json ('release build')
+PROVENANCE_FIELDS = ("source", "tool", "versions", "device", "calibration", "config_sha256", "quantized_linears",
+                     "date")
+
+
+def card_metadata(release: ReleaseConfig, langs: list[str]) -> ModelCardData:
+    return ModelCardData(
+        base_model=release.base_model,
+        base_model_relation="quantized",
+        license=release.license.id,
+        license_name=release.license.name,
+        license_link=release.license.link,
+        pipeline_tag="robotics",
+        library_name=release.library_name,
+        tags=release.tags,
+        language=langs,
+    )
+
+
+def comparison_context(release: ReleaseConfig, build: BuildConfig, prov: dict[str, Any], tables: dict[str, Any],
+                       selection: SelectionDoc | None, provenances: dict[str, dict[str, Any]], langs: list[str],
+                       f: Formatter, t: Any) -> dict[str, Any] | None:
+    """The seed's "algorithm comparison": every build of the sweep in tables.json, by path and family, with the
+    statements the paired differences support; None when tables.json holds this build alone."""
+    records = tables["records"]
+    measured = [r for r in records if r["path"] in MEASURED]
+    if len({r["build"] for r in measured}) < 2:
+        return None
+    baseline = baseline_name(tables)
+    date = dt.datetime.fromisoformat(tables["date"]).date() if tables.get("date") else \
+        dt.datetime.fromisoformat(prov["date"]).date()
+    me = next((r for r in measured if r["build"] == build.name), None)
+    paths = path_tables(records, baseline, 2, f, t)
+    fakequant = fakequant_tables(records, baseline, provenances, 2 + len(paths), f, t)
+    section = 1 + len(paths) + len(fakequant)
+    titles = build_titles([s.build for s in release.siblings], f.lang)
+    return {
+        "date": f.date(date), "title": build_label(me, t) if me else build.text("title", f.lang),
+        "baseline": baseline,
+        "siblings": [{"build": f"{titles[s.build]} ({t(_('delivered'))})", "repo": f"{release.org}/{s.repo}"}
+                     for s in release.siblings],
+        "conclusions": conclusions(records, baseline, f, t),
+        "setup": setup_rows(records, release, build, prov, int(tables.get("resamples", 10_000)), baseline, f, t),
+        "paths": paths_rows(records, t), "path_tables": paths, "fakequant_tables": fakequant,
+        "decision_heading": f"{section + 1}. " + t(_("Decision and remaining work")),
+        "decision": decision_rows(records, release, baseline, f, t),
+        "constraints_heading": f"{section + 2}. " + t(_("Constraints")),
+        "constraints": constraint_lines(records, selection, t),
+        "reproduction_heading": f"{section + 3}. " + t(_("Reproduction")),
+        "commands": reproduction(records, release, build, selection, langs),
+        "reproduction_note": t(_("This repository's build file and the release's `release.yaml` are uploaded beside "
+                                 "the checkpoint in `builds/`: with the same source revision (`{revision}`) and "
+                                 "observations, `RELEASE_BUILDS=builds release build {name}` remakes it.")).format(
+            revision=prov["source"]["revision"], name=build.name),
+    }
+
+
+def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, tables: dict[str, Any],
+                 selection: SelectionDoc | None, provenances: dict[str, dict[str, Any]], lang: str, langs: list[str],
+                 plot: str) -> dict[str, Any]:
+    t = translations(lang).gettext
+    f = Formatter(lang)
+    all_records = tables["records"]
+    prov = read_json(folder / "provenance.json", "provenance", f"release build {build.name}", PROVENANCE_FIELDS)
+    report_path = folder / "verification" / "report.json"
+    report = read_json(report_path, "verification report", f"release verify {build.name}", ("checks",))
+    statuses = check_statuses(report, report_path, build.name)
+    mine = [r for r in all_records if r["build"] == build.name]
+    if not mine:
+        raise ReleaseError(f"tables.json has no results for build {build.name!r}; run 'release eval {build.name}' "
+                           "and 'release tables' first")
+    baseline = [r for r in all_records if r["build"] == tables.get("baseline", "rtn") and r["build"] != build.name]
+    yardsticks = [r for r in all_records if r["path"] == "yardstick"]
+    date = dt.datetime.fromisoformat(prov["date"]).date()
+    passed = [r for r in mine if r["gate"]]
+    gate_verdict = t(_("It passes the gate on: {paths}.")).format(
+        paths=", ".join(f"{t(PATH_LABELS[r['path']])} ({t(SPLIT_LABELS[r['split']])})" for r in passed)) \
+        if passed else t(_("It does not pass the gate on any evaluated path."))
+    splits = {r["split"] for r in mine}
+    caveats = []
+    if "calibration" in splits:
+        caveats.append(t(_("Rows on the calibration labs are in-sample: the same observations calibrated the "
+                           "activation scales, so their errors are optimistic.")))
+    if splits & {"validation"}:
+        caveats.append(t(_("Rows on the held-out labs use observations that calibration never saw.")))
+    else:
+        caveats.append(t(_("No held-out observations were evaluated; a ranking of builds needs them.")))
+    if not build.deliverable:
+        caveats.append(t(_("This build is exploratory and not deliverable: NVIDIA's policy server cannot serve its "
+                           "scheme.")))
+    caveats.append(t(_("The numbers come from the evaluation data named in `provenance.json` and "
+                       "`results/`; a different robot setup can behave differently.")))
+    sibling_titles = build_titles([s.build for s in release.siblings], lang)
+    siblings = [{"repo_id": f"{release.org}/{s.repo}", "title": sibling_titles[s.build],
+                 "current": s.build == build.name} for s in release.siblings]
+    languages_line = " | ".join(
+        f"[{code}]({'README.md' if code == langs[0] else f'README.{code}.md'})" for code in langs
+    ) if len(langs) > 1 else ""
+    source = prov["source"]
+    origin = {"hub cache": _("the Hub commit, from the local Hugging Face cache"),
+              "hf download": _("the Hub commit that `hf download --local-dir` recorded"),
+              "fixture": _("the tiny fixture's content hash: random weights of the real architecture, not the model"),
+              "content hash": _("a content hash of the source folder, which records no Hub commit, so it was not "
+                                "checked against the release's base_revision")}.get(source.get("origin", "fixture"))
+    source_note = t(origin or "")
+    if source.get("revision_mismatch"):
+        source_note += " " + t(_("It is not the release's pinned base_revision `{base}`: built with "
+                                 "`--allow-revision-mismatch`.")).format(base=source.get("base_revision", "?"))
+    return {
+        "release": release, "prov": prov, "repo_id": f"{release.org}/{build.repo}",
+        "title": f"{release.base_model.split('/')[-1]}, {build.text('title', lang)} ({t(SCHEMES[build.scheme])})",
+        "description": build.text("description", lang), "siblings": siblings, "languages_line": languages_line,
+        "deliverable": build.deliverable,
+        "recipe_text": recipe_text(build, t), "scheme": scheme_rows(build, prov, t), "source_note": source_note,
+        "kept": ", ".join(f"`{k}`" for k in build.kept_bf16),
+        "built_date": f.date(date), "gate_sigma": f.num(build.gate.overall_sigma, 2),
+        "gate_rate": f.pct(build.gate.gripper_change_rate, 1), "gate_verdict": gate_verdict,
+        "verification_reference": Path(report["reference"]).name if report.get("reference") else "",
+        "verification": verification_rows(report, statuses, report_path, build, f, t),
+        "verification_skipped": ", ".join(t(CHECK_LABELS[c["name"]]) for c, status in zip(report["checks"], statuses,
+                                                                                          strict=True)
+                                          if status == "skipped"),
+        "plot": plot, "min_obs": min_observations(),
+        "fidelity_rows": fidelity_rows(mine + baseline + yardsticks, f, t), "speed": speed_lines(mine, f, t),
+        "comparison": comparison_context(release, build, prov, tables, selection, provenances, langs, f, t),
+        "caveats": caveats,
+        "selection": selection_context(selection, build, f, t),
+        "h": {k: t(v) for k, v in HEADERS.items()},
+    }
+
+
+def selection_context(doc: SelectionDoc | None, build: BuildConfig, f: Formatter, t: Any) -> dict[str, Any] | None:
+    """"How it was selected" from ``selection.json``: the rule in words, the ranking, and this build's place in it;
+    None without a selection (the section then states the build date and gate only)."""
+    if doc is None:
+        return None
+    rule = doc.rule
+    ranked = [c for c in doc.candidates if c.rank is not None]
+    observations = sorted({c.scores.n_obs for c in doc.candidates if c.scores is not None})
+    ties = t(_(", then ")).join([*(t(TIE_BREAKS[m]) for m in rule.tie_break), t(_("the order of the candidate list"))])
+    text = t(_("Selected on {date} from {n} candidate builds of the same scheme, scored against the BF16 original by "
+               "{path} on {obs} observations of the {split}: a candidate must pass its own gate, then the lowest "
+               "overall action error wins; ties go to {ties}.")).format(
+        date=f.date(doc.date.date()), n=len(rule.candidates), path=t(PATH_LABELS[rule.path]),
+        split=t(SPLIT_LABELS[rule.split]), obs=", ".join(map(str, observations)) or "0", ties=ties)
+    if rule.always:
+        text += " " + t(_("Chosen in any case, as the reference: {builds}.")).format(
+            builds=", ".join(f"`{b}`" for b in rule.always))
+    chosen = [c.build for c in doc.candidates if c.chosen == "rank"]
+    text += " " + t(_("Chosen by rank, up to {count} that pass their gate: {builds}.")).format(
+        count=rule.count, builds=", ".join(f"`{b}`" for b in chosen) or t(_("none")))
+
+    def place(c: Candidate) -> str:
+        if c.rank is None:
+            return t(NOT_EVALUATED[str(c.not_evaluated)])
+        return t(_("rank {rank} of {n}")).format(rank=c.rank, n=len(ranked))
+
+    mine = next((c for c in doc.candidates if c.build == build.name), None)
+    verdict = t(_("This build is not one of the candidates.")) if mine is None else \
+        t(VERDICTS[mine.chosen]).format(rank=place(mine))
+    gate = {True: t(_("pass")), False: t(_("fail"))}
+    titles = build_titles([c.build for c in doc.candidates], f.lang)
+    rows = []
+    for c in doc.candidates:
+        row = {"rank": str(c.rank or "-"), "build": titles.get(c.build) or c.title or f"`{c.build}`", "overall": "-",
+               "gripper": "-", "changes": "-", "gate": place(c), "chosen": t(CHOSEN[c.chosen]) if c.chosen else "-"}
+        if c.scores is not None and c.gate is not None:
+            s = c.scores
+            failed = ", ".join(t(GATE_CRITERIA[k]) for k in c.gate.failed)
+            row.update(overall=estimate(s.overall_sigma, list(s.overall_ci) if s.overall_ci else None, f, t),
+                       gripper=f"{f.pct(s.gripper_agree)} {f.pct_ci(s.gripper_ci)}",
+                       changes=f"{s.gripper_changes} / {s.n_steps}",
+                       gate=f"{gate[c.gate.passed]} ({failed})" if failed else gate[c.gate.passed])
+        rows.append(row)
+    return {"text": text, "verdict": verdict, "rows": rows}
+
+
+def sweep_provenances(dist: Path) -> dict[str, dict[str, Any]]:
+    """The provenance.json of every build in ``dist`` (the comparison compares their FP8 codes and input scales)."""
+    out = {}
+    for name in available_builds():
+        path = dist / load_build(name).repo / "provenance.json"
+        if path.is_file():
+            out[name] = read_json(path, "provenance", f"release build {name}")
+    return out

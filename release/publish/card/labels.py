@@ -1,0 +1,117 @@
+"""The fixed words of the cards, marked for translation: path, split, check and scheme labels, table headers,
+the decision's vocabulary; and the titles of builds in a language."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from release.core.builds import available_builds, load_build
+from release.publish.card.i18n import Formatter, _
+
+PATH_LABELS = {"fakequant": _("fake quant, offline replay"), "deployed": _("deployed FP8 build (diffusers)"),
+               "served": _("policy server, FP8 GEMM"), "yardstick": _("BF16 yardstick")}
+# The yardsticks' rows (tables.json records them under these build names, with English titles).
+YARDSTICK_TITLES = {"yardstick-compile": _("BF16 eager vs BF16 torch.compile (yardstick)"),
+                    "yardstick-seed": _("BF16 seed vs BF16 other seed (yardstick)")}
+SPLIT_LABELS = {"calibration": _("calibration labs (in-sample)"), "validation": _("held-out labs"),
+                "all": _("all labs")}
+CHECK_LABELS = {"layout": _("Files, tensor names, dtypes and shapes"),
+                "quantization_config": _("`quantization_config`, root `hf_quant_config.json`"),
+                "modelopt_state": _("`modelopt_state.pth`, transformer and root"),
+                "values": _("Values"), "consistency": _("Indexes and shards"), "loadable": _("Loads and runs")}
+CHECK_STATUS = {"passed": _("passed"), "failed": _("FAILED"), "skipped": _("skipped")}
+FILE_KINDS = {"tool sidecar": _("tool sidecar files ({n})"), "documentation": _("documentation files ({n})"),
+              "base-model branch": _("files of the base model's other branches ({n})"),
+              "unexpected": _("unexpected files ({n})")}
+# Headers with a literal "%": Jinja's trans blocks would look them up as "%%". The difference columns say "the
+# baseline": the comparison names it (tables.json's "baseline"), so that a header fits its column.
+HEADERS = {"overall": _("overall (sigma) [95% CI]"), "gripper": _("gripper agree [95% CI]"),
+           "sigma": _("sigma [95% CI]"), "diff": _("vs baseline [95% CI]"),
+           "plot": _("Overall action error of every build per path and split with 95% CIs, this build highlighted, "
+                     "on the gate's scale (left) and as the difference to the baseline (right).")}
+CORRECTED = {"diff": _("vs baseline, Bonferroni-corrected 95% CI (m = {m})"),
+             "p": _("p, Bonferroni-corrected (m = {m})")}
+# The columns of a results table on a path that is not fake quant (the seed's "served results").
+PATH_HEADERS = {
+    "served": {"sigma": _("served sigma [95% CI]"), "diff": _("served vs baseline [95% CI]"),
+               "diff_m": _("served vs baseline, Bonferroni-corrected 95% CI (m = {m})"),
+               "changes": _("served changes"), "gate": _("gate (fake quant / served)")},
+    "deployed": {"sigma": _("deployed sigma [95% CI]"), "diff": _("deployed vs baseline [95% CI]"),
+                 "diff_m": _("deployed vs baseline, Bonferroni-corrected 95% CI (m = {m})"),
+                 "changes": _("deployed changes"), "gate": _("gate (fake quant / deployed)")},
+}
+TOO_FEW = _("too few observations")
+PER_TENSOR = "fp8_w8a8_per_tensor_static"
+PER_CHANNEL = "fp8_per_channel_per_token"
+FAMILIES = {PER_TENSOR: _("NVIDIA's format (W8A8 FP8, per-tensor static)"),
+            PER_CHANNEL: _("per-channel weight / per-token activation (exploratory)")}
+SCHEMES = {PER_TENSOR: _("ModelOpt W8A8, per-tensor static"),
+           PER_CHANNEL: _("ModelOpt W8A8, per-channel weights, per-token activations")}
+MEASURED = ("fakequant", "deployed", "served")
+
+
+def build_titles(names: Iterable[str], lang: str) -> dict[str, str]:
+    """The title in ``lang`` of each build of ``names`` that has a build file."""
+    files = set(available_builds())
+    return {n: load_build(n).text("title", lang) for n in names if n in files}
+
+
+def titled(records: list[dict[str, Any]], lang: str, t: Any) -> list[dict[str, Any]]:
+    """tables.json's records with each title in the card's language: a build's from its build file, a yardstick's
+    from the catalog; any other (an external checkpoint) keeps the title it was evaluated under."""
+    titles = build_titles({r["build"] for r in records}, lang) | {k: t(v) for k, v in YARDSTICK_TITLES.items()}
+    return [{**r, "title": titles.get(r["build"], r["title"])} for r in records]
+
+
+def baseline_name(tables: dict[str, Any]) -> str:
+    """The build the differences are to (tables.json's "baseline"), by its title in the (titled) records."""
+    name = str(tables.get("baseline", "rtn"))
+    return next((str(r["title"]) for r in tables["records"] if r["build"] == name), f"`{name}`")
+
+
+def build_label(record: dict[str, Any], t: Any) -> str:
+    delivered = t(_("delivered"))
+    return f"{record['title']} ({delivered})" if record.get("delivered") else str(record["title"])
+
+
+def estimate(value: float, ci: list[float] | None, f: Formatter, t: Any, sign: bool = False) -> str:
+    """A figure with its 95% interval, or with the reason it has none (too few observations for a bootstrap)."""
+    return f"{f.num(value, sign=sign)} {f.ci(ci, sign=sign) if ci is not None else f'({t(TOO_FEW)})'}"
+
+
+def where_label(path: str, split: str, t: Any) -> str:
+    return f"{t(PATH_LABELS[path])}, {t(SPLIT_LABELS[split])}"
+
+
+def scheme_of(record: dict[str, Any]) -> str:
+    return str(record.get("scheme") or PER_TENSOR)
+
+
+PATH_HOW = {
+    "fakequant": _("the FP8 codes dequantized as the weights, each input quantize-dequantized at its scale (ModelOpt "
+                   "fake quantization), BF16 elsewhere"),
+    "deployed": _("the exported build through diffusers: ModelOpt's FP8 GEMM on a GPU (`torch._scaled_mm` with fast "
+                  "accumulation), its emulation on a CPU (bit-exact to the eager kernel on an H200 at the shapes "
+                  "measured, except GEMMs with K from {lo} to {hi}, where cuBLAS sums in another order; ModelOpt's "
+                  "compiled GEMM differed from the eager one on up to 0.25 percent of bf16 outputs with outlier "
+                  "channels); per-channel builds a row-wise FP8 GEMM"),
+    "served": _("a policy server's results, imported with `release import-served`"),
+}
+PATH_REFERENCE = {"fakequant": _("the BF16 output of the same replay"),
+                  "deployed": _("the BF16 output of the same pipeline and seeds"),
+                  "served": _("the same server's BF16 output")}
+NOT_DELIVERABLE = [
+    _("NVIDIA's policy server reads ModelOpt checkpoints with `apply_modelopt_fp8_checkpoint_inplace`, which takes "
+      "both scales as (1, 1) and installs a per-tensor kernel (`PerTensor()`) only."),
+    _("The scheme exists only in the framework's run-time FP8 (`quantization.method=fp8`, "
+      "`fp8_granularity=per_row`), which quantizes the BF16 weights round-to-nearest when it loads them, so it cannot "
+      "carry a recipe's weights."),
+]
+TIE_BREAKS = {"gripper_agree": _("the higher gripper agreement"), "joint_mae_deg": _("the lower joint MAE")}
+GATE_CRITERIA = {"overall_sigma": _("overall"), "gripper_changes": _("gripper changes")}
+NOT_EVALUATED = {"no_build_file": _("not evaluated: no build file"),
+                 "no_results": _("not evaluated on this path and split")}
+VERDICTS = {"always": _("This build is chosen in any case, as the reference: {rank}."),
+            "rank": _("This build was chosen: {rank}."), None: _("This build was not chosen: {rank}.")}
+CHOSEN = {"always": _("yes, as the reference"), "rank": _("yes"), None: "-"}

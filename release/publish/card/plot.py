@@ -1,0 +1,133 @@
+"""The forest plot of a card: every build's overall error with its interval, per path and split."""
+
+from __future__ import annotations
+
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+from babel.numbers import format_decimal
+
+from release.core.config import BuildConfig
+from release.core.errors import ReleaseError
+from release.core.io import atomic_write
+from release.publish.card.i18n import Formatter, _, translations
+from release.publish.card.labels import MEASURED, SPLIT_LABELS, baseline_name, build_label, where_label
+from release.publish.card.rows import groups_of, in_group
+
+
+def _use_hangul_font() -> None:
+    """Register the NanumGothic files koreanize-matplotlib ships and make it the font family.
+
+    Importing ``koreanize_matplotlib`` does the same but imports ``distutils``, which Python 3.12 removed,
+    so only its font folder is used.
+    """
+    from importlib.util import find_spec
+
+    from matplotlib import font_manager, rcParams
+
+    spec = find_spec("koreanize_matplotlib")
+    if spec is None or not spec.submodule_search_locations:
+        raise ReleaseError("the card's plot needs the NanumGothic font of koreanize-matplotlib: "
+                           "pip install 'koreanize-matplotlib>=0.1.1,<0.2'")
+    fonts = Path(next(iter(spec.submodule_search_locations))) / "fonts"
+    for ttf in sorted(fonts.glob("*.ttf")):
+        font_manager.fontManager.addfont(str(ttf))
+    rcParams["font.family"] = "NanumGothic"
+    rcParams["axes.unicode_minus"] = False
+
+
+PATH_COLOURS = {"fakequant": "tab:blue", "deployed": "tab:orange", "served": "tab:green", "yardstick": "tab:gray"}
+SPLIT_MARKERS = {"calibration": "o", "validation": "s", "all": "D"}
+HIGHLIGHT = "#fdeeb0"
+
+
+def forest_rows(records: list[dict[str, Any]], t: Any) -> list[tuple[str, str]]:
+    """The plot's rows top down as (build, label): the builds by their error on the first path and split of the
+    comparison (the others after them), then the yardsticks; labels are the (titled) records' titles."""
+    groups = groups_of(records, MEASURED)
+    first = {r["build"]: r["overall_sigma"] for r in in_group(records, *groups[0])} if groups else {}
+    labels = {r["build"]: build_label(r, t).replace("`", "") for r in records}
+    builds = sorted({r["build"] for r in records if r["path"] in MEASURED}, key=lambda b: (first.get(b, math.inf), b))
+    yardsticks = sorted({r["build"] for r in records if r["path"] == "yardstick"})
+    return [(b, labels[b]) for b in [*builds, *yardsticks]]
+
+
+def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path) -> None:
+    """This build's plot, labelled in ``lang``: every build's overall error with its 95% interval for each path and
+    split (one colour per path, one marker per split), this build's row highlighted, the yardsticks below. The left
+    panel is on the gate's scale (a log axis that holds the gate, the builds and the yardsticks); the right one is
+    each build's difference to the baseline with the Bonferroni-corrected interval of tables.json, on a scale where
+    those intervals are visible. Everything drawn is sorted, so the PNG is byte-stable for the same input."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    _use_hangul_font()
+
+    t = translations(lang).gettext
+    f = Formatter(lang)
+    records = tables["records"]
+    rows = forest_rows(records, t)
+    y = {b: i for i, (b, _) in enumerate(rows)}
+    measured = groups_of(records, MEASURED)
+    yardstick = sorted({("yardstick", r["split"]) for r in records if r["path"] == "yardstick"},
+                       key=lambda g: list(SPLIT_LABELS).index(g[1]))
+    offsets = {g: (k - (len(gs) - 1) / 2) * min(0.2, 0.7 / len(gs)) for gs in (measured, yardstick)
+               for k, g in enumerate(gs)}
+    handles: list[Any] = [Line2D([], [], color=PATH_COLOURS[path], marker=SPLIT_MARKERS[split], linestyle="",
+                                 label=where_label(path, split, t)) for path, split in [*measured, *yardstick]]
+    legend_rows = math.ceil((len(handles) + 2) / 2)
+    height = 0.3 * len(rows) + 1.4 + 0.22 * legend_rows
+    fig, (gate_ax, diff_ax) = plt.subplots(1, 2, sharey=True, figsize=(13, height), dpi=100,
+                                           gridspec_kw={"width_ratios": [3, 2]})
+    for ax in (gate_ax, diff_ax):
+        if build.name in y:
+            ax.axhspan(y[build.name] - 0.5, y[build.name] + 0.5, color=HIGHLIGHT, zorder=0)
+        ax.grid(axis="x", color="0.9", zorder=0)
+    lows, highs, spans = [build.gate.overall_sigma], [build.gate.overall_sigma], [0.0]
+    for r in records:
+        at = y[r["build"]] + offsets[(r["path"], r["split"])]
+        style = {"fmt": SPLIT_MARKERS[r["split"]], "color": PATH_COLOURS[r["path"]], "capsize": 2, "markersize": 4,
+                 "elinewidth": 1, "zorder": 3}
+        x = r["overall_sigma"]
+        lo, hi = r["overall_ci"] or (x, x)  # no interval: too few observations
+        gate_ax.errorbar(x, at, xerr=[[x - lo], [hi - x]], **style)
+        lows.append(lo)
+        highs.append(hi)
+        if r.get("diff_to_baseline") is not None:
+            d = r["diff_to_baseline"]
+            dlo, dhi = r.get("diff_ci_corrected") or (d, d)
+            diff_ax.errorbar(d, at, xerr=[[d - dlo], [dhi - d]], **style)
+            spans += [abs(dlo), abs(dhi)]
+    positive = [v for v in lows if v > 0] or [build.gate.overall_sigma]
+    gate_ax.set_xscale("log", nonpositive="clip")
+    gate_ax.set_xlim(min(positive) / 1.5, max(highs) * 1.5)
+    gate_ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: format_decimal(v, locale=lang)))  # 0.01, not 10^-2
+    gate_ax.xaxis.set_minor_formatter(NullFormatter())
+    gate_ax.axvline(build.gate.overall_sigma, color="tab:red", linestyle="--", linewidth=1.2, zorder=2)
+    diff_ax.axvline(0, color="0.3", linewidth=0.8, zorder=2)
+    diff_ax.set_xlim(-max(spans) * 1.15 or -1, max(spans) * 1.15 or 1)
+    gate_ax.set_yticks(range(len(rows)))
+    gate_ax.set_yticklabels([label for _, label in rows], fontsize=8.5)
+    for i, tick in enumerate(gate_ax.get_yticklabels()):
+        if rows[i][0] == build.name:
+            tick.set_fontweight("bold")
+    gate_ax.invert_yaxis()
+    gate_ax.set_xlabel(t(_("overall action error (sigma, log scale) with 95% CI")), fontsize=9)
+    diff_ax.set_xlabel(t(_("difference to {baseline} (sigma)\nwith its Bonferroni-corrected 95% CI")).format(
+        baseline=baseline_name(tables).replace("`", "")), fontsize=9)
+    handles += [Line2D([], [], color="tab:red", linestyle="--",
+                       label=t(_("gate: overall <= {sigma} sigma")).format(sigma=f.num(build.gate.overall_sigma, 2))),
+                Patch(color=HIGHLIGHT, label=t(_("this build")))]
+    fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8.5, frameon=False)
+    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / height, 1, 1))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    atomic_write(out, buf.getvalue())

@@ -1,0 +1,93 @@
+"""``release card``: the request, and each build's README per language, its LICENSE and its forest plots,
+rendered and written atomically (or only checked)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import ModelCard
+
+from release.core.builds import available_builds, load_build, load_release
+from release.core.config import BuildConfig, ReleaseConfig
+from release.core.errors import ReleaseError
+from release.core.io import atomic_write
+from release.measure.select import TABLES, SelectionDoc, read_selection, read_tables_doc
+from release.publish.card.context import card_context, card_metadata, sweep_provenances
+from release.publish.card.i18n import check_catalog, render_template, supported_languages, translations
+from release.publish.card.labels import titled
+from release.publish.card.plot import forest_plot
+
+LICENSE_TEXT = "OpenMDW License 1.1: see {link}\n"
+
+
+@dataclass(frozen=True)
+class CardRequest:
+    release: ReleaseConfig
+    builds: list[BuildConfig]
+    dist: Path
+    langs: list[str]
+    check: bool
+
+    @classmethod
+    def create(cls, names: tuple[str, ...], dist: Path, lang: str, check: bool = False) -> CardRequest:
+        langs = [code.strip() for code in lang.split(",") if code.strip()]
+        known = supported_languages()
+        for code in langs:
+            if code not in known:
+                raise ReleaseError(f"--lang: unknown language code {code!r}; supported: {', '.join(known)}")
+        if not langs:
+            raise ReleaseError(f"--lang: name at least one language ({', '.join(known)})")
+        for code in langs:
+            check_catalog(code)
+        release = load_release()
+        wanted = list(names) or [n for n in available_builds() if (dist / load_build(n).repo).is_dir()]
+        if not wanted:
+            raise ReleaseError(f"{dist}: no built repos to document; run 'release build NAME' first")
+        return cls(release, [load_build(n) for n in wanted], dist, langs, check)
+
+
+def render_card(release: ReleaseConfig, build: BuildConfig, folder: Path, tables: dict[str, Any],
+                selection: SelectionDoc | None, provenances: dict[str, dict[str, Any]], lang: str,
+                langs: list[str]) -> str:
+    context = card_context(release, build, folder, tables, selection, provenances, lang, langs, f"forest.{lang}.png")
+    body = render_template("card.md.j2", context, lang)
+    body = re.sub(r"\n{3,}", "\n\n", body)  # the sections' optional parts leave runs of blank lines
+    text = f"---\n{card_metadata(release, langs).to_yaml()}\n---\n\n{body}"
+    ModelCard(text)  # parses the front matter; raises on invalid YAML
+    return text
+
+
+def card_files(request: CardRequest, localized: dict[str, dict[str, Any]],
+               selection: SelectionDoc | None) -> dict[Path, str | bytes]:
+    """Every file the cards add to each build folder (README per language, LICENSE); plots are written apart.
+    ``localized``: tables.json per card language, its records titled in that language."""
+    files: dict[Path, str | bytes] = {}
+    provenances = sweep_provenances(request.dist)
+    for build in request.builds:
+        folder = request.dist / build.repo
+        if not folder.is_dir():
+            raise ReleaseError(f"{folder}: missing; run 'release build {build.name}' first")
+        for i, lang in enumerate(request.langs):
+            name = "README.md" if i == 0 else f"README.{lang}.md"
+            files[folder / name] = render_card(request.release, build, folder, localized[lang], selection, provenances,
+                                               lang, request.langs)
+        files[folder / "LICENSE"] = LICENSE_TEXT.format(link=request.release.license.link)
+    return files
+
+
+def render_cards(request: CardRequest) -> list[Path]:
+    tables = read_tables_doc(request.dist / TABLES)
+    localized = {lang: {**tables, "records": titled(tables["records"], lang, translations(lang).gettext)}
+                 for lang in request.langs}
+    files = card_files(request, localized, read_selection(request.dist))
+    if request.check:
+        return sorted(files)
+    for build in request.builds:
+        for lang in request.langs:
+            forest_plot(localized[lang], build, lang, request.dist / build.repo / f"forest.{lang}.png")
+    for path, text in files.items():
+        atomic_write(path, text)
+    return sorted(files)

@@ -1,0 +1,110 @@
+"""What may be published: deliverable builds whose verification passed (or a push forced past it, with a reason),
+with their cards; and of each, exactly the bytes verification hashed plus the files written after it, none of them a
+link, a special file or a secret."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from release.check.report import REPORT_JSON, Report, after_verification, build_files, gate, load_report
+from release.core.builds import load_build, load_release
+from release.core.config import BuildConfig, ReleaseConfig, builds_dir
+from release.core.errors import GateError, ReleaseError
+from release.publish.hashing import HashCache
+from release.publish.scan import secret_name, structured_secret
+
+Reports = dict[str, tuple[Report, str] | None]  # by build name: the report and the sha256 of its bytes
+
+
+def refuse_undeliverable(builds: list[BuildConfig]) -> None:
+    undeliverable = next((b for b in builds if not b.deliverable), None)
+    if undeliverable is not None:  # not even with --force: such a repo could only mislead a server
+        raise GateError(f"push refused: {builds_dir() / f'{undeliverable.name}.yaml'} marks "
+                        f"{undeliverable.name!r} 'deliverable: false' (a scheme NVIDIA's policy server cannot "
+                        "serve); it is evaluated and documented, not published")
+
+
+def gate_or_force(repo: str, verified: tuple[Report, str] | None, force: str | None, command: str) -> None:
+    refusal = gate(Path(repo), verified[0] if verified else None)
+    if refusal and force is None:
+        more = ", or pass --force REASON" if command == "push" else ""
+        raise GateError(f"{command} refused: {refusal}; fix it{more}")
+
+
+def verified_builds(names: tuple[str, ...], dist: Path, force: str | None,
+                    command: str) -> tuple[ReleaseConfig, list[BuildConfig], Reports]:
+    """The named builds (default: the siblings of release.yaml built in ``dist``), each deliverable, with its
+    verification report, past the gate (unless ``force``; ``command`` is named in the refusal) and with its
+    card."""
+    release = load_release()
+    wanted = list(names) or [s.build for s in release.siblings if (dist / load_build(s.build).repo).is_dir()]
+    if not wanted:
+        raise ReleaseError(f"{dist}: no built repos to push; run 'release build NAME' first")
+    builds = [load_build(n) for n in wanted]
+    refuse_undeliverable(builds)
+    reports: Reports = {}
+    for b in builds:
+        folder = dist / b.repo
+        if not folder.is_dir():
+            raise ReleaseError(f"{folder}: missing; run 'release build {b.name}' first")
+        verified = reports[b.name] = load_report(folder, b.name)
+        gate_or_force(b.repo, verified, force, command)
+        for name in ("README.md", "LICENSE"):
+            if not (folder / name).is_file():
+                raise ReleaseError(f"{folder / name}: missing; a repo is published with its card and license: "
+                                   f"run 'release card {b.name}' first")
+    return release, builds, reports
+
+
+def check_verified(build: str, verified: tuple[Report, str], local: dict[str, dict[str, Any]],
+                   name: Callable[[str], str], rerun: str) -> None:
+    """The files must be the bytes verification hashed, plus cards and results; nothing gained, changed or lost.
+    ``name`` names a file in an error, ``rerun`` says what to run again."""
+    report, report_sha = verified
+    for rel, entry in local.items():
+        if rel == REPORT_JSON:
+            if entry["sha256"] != report_sha:
+                raise GateError(f"{name(rel)}: changed while this push read it; run 'release push' again")
+        elif not after_verification(rel):
+            want = report.manifest.get(rel)
+            if want is None:
+                raise GateError(f"{name(rel)}: not in the verification manifest (added after 'release verify'); "
+                                f"remove it, or {rerun}")
+            if (want.sha256, want.size) != (entry["sha256"], entry["size"]):
+                raise GateError(f"{name(rel)}: differs from the bytes 'release verify' hashed (sha256 "
+                                f"{entry['sha256'][:12]}, verified {want.sha256[:12]}); {rerun}")
+    lost = sorted(set(report.manifest) - set(local))
+    if lost:
+        raise GateError(f"{name(lost[0])}: verified, but no longer in the build folder; restore it, or {rerun}")
+
+
+def scanned(root: Path, files: list[str], cache: HashCache) -> dict[str, dict[str, Any]]:
+    """The hashes of ``files`` (relative to ``root``), none named like a secret and none holding one: no token or
+    private key in its bytes, PNG text chunks, safetensors header or JSON strings."""
+    for rel in files:
+        if secret_name(rel):
+            raise ReleaseError(f"{root / rel}: looks like a secret (by its name); remove it from the build folder")
+    hashed = cache.hash_all([root / rel for rel in files], scan=True)
+    local = {rel: hashed[root / rel] for rel in files}
+    for rel in files:
+        found = structured_secret(root / rel) or local[rel]["secret"]
+        if found:
+            raise ReleaseError(f"{root / rel}: contains what looks like a {found['kind']} ({found['shown']}, "
+                               f"{found['where']}); remove it from the build folder")
+    return local
+
+
+def checked_files(folder: Path, build: str, verified: tuple[Report, str] | None,
+                  cache: HashCache) -> dict[str, dict[str, Any]]:
+    """Every file of a build folder with its hashes, after the checks a push needs.
+
+    No links or special files, no secrets (``scanned``: a secret is named first, it must go whatever else is
+    wrong); and with a verification report, exactly its manifest's bytes plus the cards and results.
+    """
+    local = scanned(folder, build_files(folder), cache)
+    if verified is not None:
+        check_verified(build, verified, local, lambda rel: str(folder / rel),
+                       f"rerun 'release verify {build}' (and 'release card {build}')")
+    return local

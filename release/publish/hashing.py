@@ -1,0 +1,79 @@
+"""File hashes as the Hub compares them (sha256 for LFS files, the git blob sha1 for files it stores in git), each
+file read once with its secret scan, and cached by path and inode status."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from release.core.errors import ReleaseError
+from release.core.io import write_json
+from release.publish.scan import CHUNK, SCAN_VERSION, Scanner
+
+# The Hub stores files of this size or larger, and every binary checkpoint file, through LFS.
+LFS_THRESHOLD = 10 * 1024 * 1024
+LFS_SUFFIXES = (".safetensors", ".pth", ".bin", ".png", ".npz")
+
+
+class HashCache:
+    """sha256 / git blob sha1 of local files and their secret scan, cached in a JSON file.
+
+    An entry is reused only while the file's size, mtime, ctime, inode and device are unchanged. ctime cannot be
+    set back by a user (``os.utime`` restores mtime, and itself moves ctime), so bytes flipped in place are hashed
+    again; mtime alone would not notice.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.entries: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.is_file() else {}
+        except ValueError:  # a damaged cache is only a cache: start afresh
+            self.entries = {}
+        self.hashed_bytes = 0
+
+    def _hash(self, file: Path, scan: bool) -> dict[str, Any]:
+        st = file.stat()
+        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+        hit = self.entries.get(str(file.resolve()))
+        if hit and hit.get("stamp") == stamp and (not scan or hit.get("scan") == SCAN_VERSION):
+            return hit
+        # sha256 for LFS comparisons; the git blob sha1 only where a file can be stored in git (small files)
+        h = hashlib.sha256()
+        blob = hashlib.sha1(b"blob %d\0" % st.st_size) if st.st_size < LFS_THRESHOLD else None
+        scanner = Scanner() if scan else None
+        read = 0
+        with file.open("rb") as f:
+            while chunk := f.read(CHUNK):
+                read += len(chunk)
+                h.update(chunk)
+                if blob is not None:
+                    blob.update(chunk)
+                if scanner is not None:
+                    scanner.feed(chunk)
+        if read != st.st_size:
+            raise ReleaseError(f"{file}: changed size while it was read; run 'release push' again")
+        self.hashed_bytes += read
+        entry = {"stamp": stamp, "size": st.st_size, "sha256": h.hexdigest(),
+                 "sha1": blob.hexdigest() if blob is not None else None}
+        if scanner is not None:
+            entry.update(scan=SCAN_VERSION, secret=scanner.found)
+        return entry
+
+    def hash_all(self, files: list[Path], scan: bool = False, workers: int | None = None) -> dict[Path, dict[str, Any]]:
+        """Hash (and with ``scan`` search for secrets) in parallel: hashlib releases the GIL on large buffers."""
+        with ThreadPoolExecutor(max_workers=workers or min(8, os.cpu_count() or 1)) as pool:
+            results = dict(zip(files, pool.map(lambda f: self._hash(f, scan), files), strict=True))
+        for file, entry in results.items():
+            self.entries[str(file.resolve())] = entry
+        return results
+
+    def save(self) -> None:
+        write_json(self.path, self.entries)
+
+
+def is_lfs(path: str, size: int) -> bool:
+    return size >= LFS_THRESHOLD or path.endswith(LFS_SUFFIXES)

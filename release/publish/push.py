@@ -1,0 +1,207 @@
+"""``release push``: publish sibling repos through huggingface_hub, planned read-only first.
+
+Every file of a build is hashed once (cached by path and inode status): the hashes are compared with the manifest
+of its verification report, and the secret scan runs over the same bytes. The plan compares every local file with the
+remote without uploading: the sha256 of LFS files with the remote's ``lfs.sha256``, the git blob sha1 of small files
+with the remote ``blob_id``. ``--dry-run`` prints it (the pull-request preview); a push makes one commit per repo on
+the head seen at plan time (``parent_commit``), checks the remote against the hashes the plan approved, and then
+tags the release ``v<version>`` (the release's version in ``builds/release.yaml``). Each commit's description is the
+release's notes, the section of ``builds/RELEASES.md`` for that version. ``--target DIR`` publishes to a folder
+instead, under a lock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from release.core.config import BuildConfig
+from release.core.errors import GateError, ReleaseError
+from release.core.io import atomic_dir, cache_dir, exclusive_lock
+from release.publish.gate import checked_files
+from release.publish.hashing import LFS_THRESHOLD, HashCache
+from release.publish.manifest import locked_files, staged
+from release.publish.plan import FilePlan, RepoPlan, plan_repo, render_plan
+from release.publish.preview import write_preview
+from release.publish.remotes import FolderRemote, HubRemote
+from release.publish.request import PushRequest
+from release.publish.scan import CHUNK
+
+LOCK_NAME = ".release-push.lock"
+
+
+def _changed_after_hashing(path: Path) -> GateError:
+    return GateError(f"{path}: changed after this push hashed it; nothing was published from it; run 'release push' "
+                     "again")
+
+
+def _operation(folder: Path, f: FilePlan, hashed: dict[str, Any]) -> Any:
+    """The upload of one file, holding exactly the bytes that were hashed: small files are read once into memory
+    and hashed again; for large ones huggingface_hub's own sha256 (the LFS object id) must equal ours."""
+    from huggingface_hub import CommitOperationAdd
+
+    path = folder / f.path
+    if f.size < LFS_THRESHOLD:
+        data = path.read_bytes()
+        if hashlib.sha256(data).hexdigest() != hashed["sha256"]:
+            raise _changed_after_hashing(path)
+        return CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=data)
+    op = CommitOperationAdd(path_in_repo=f.path, path_or_fileobj=str(path))
+    if op.upload_info.sha256.hex() != hashed["sha256"]:  # the LFS upload is checked against this id by the server
+        raise _changed_after_hashing(path)
+    return op
+
+
+def _mismatches(remote: HubRemote, plan: RepoPlan, local: dict[str, dict[str, Any]]) -> list[str]:
+    """Files whose remote hash differs from the hash the plan approved, compared the way the remote stores each."""
+    after = remote.state(plan.repo_id, plan.revision).files
+    wrong = []
+    for f in plan.files:
+        if f.action == "delete":
+            continue
+        entry, mine = after.get(f.path), local[f.path]
+        if entry is None or entry[1] != (mine["sha256"] if entry[2] else mine["sha1"]):
+            wrong.append(f.path)
+    return wrong
+
+
+def _tag(remote: HubRemote, plan: RepoPlan, commit: str) -> str:
+    """Carry out the plan's tag action on ``commit``; says only what happened."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if plan.tag_action == "unchanged":
+        return f"tag {plan.tag} already on {commit[:12]}"
+    try:
+        if plan.tag_action == "move":
+            remote.api.delete_tag(plan.repo_id, tag=plan.tag)
+        remote.api.create_tag(plan.repo_id, tag=plan.tag, revision=commit)  # a tag made meanwhile: an error
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        raise ReleaseError(f"{plan.repo_id}: {commit[:12]} is on the branch, but tagging it {plan.tag} failed "
+                           f"(HTTP {status}); check the repo's tags, then run 'release push' again (with --retag "
+                           "if the tag exists)") from exc
+    if plan.tag_action == "move":
+        return f"moved tag {plan.tag} from {(plan.tag_target or '')[:12]} to {commit[:12]}"
+    return f"tagged {plan.tag}"
+
+
+def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequest,
+              local: dict[str, dict[str, Any]]) -> str:
+    from huggingface_hub import CommitOperationDelete
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = remote.api
+    ops: list[Any] = [_operation(folder, f, local[f.path]) for f in plan.changes if f.action in ("add", "modify")]
+    ops += [CommitOperationDelete(path_in_repo=f.path) for f in plan.changes if f.action == "delete"]
+    try:
+        if not plan.exists:  # not exist_ok: a repo made after the plan may be public, and --private would not apply
+            api.create_repo(plan.repo_id, private=request.private)
+        if not plan.branch_exists:
+            api.create_branch(plan.repo_id, branch=plan.revision, revision=plan.head)
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        made = "the repo" if not plan.exists else f"branch {plan.revision}"
+        raise ReleaseError(f"{plan.repo_id}: creating {made} failed (HTTP {status}; 409: it was created after the "
+                           "plan); nothing was committed; run 'release push' again to re-plan") from exc
+    created = f"created branch {plan.revision}, " if not plan.branch_exists else ""
+    if not plan.changes:
+        tagged = f"; {_tag(remote, plan, plan.head)}" if plan.head and plan.tag_action != "none" else ""
+        return f"{plan.repo_id}: {created}no changes, nothing uploaded{tagged}"
+    try:
+        info = api.create_commit(plan.repo_id, operations=ops, commit_message=plan.commit_message,
+                                 commit_description=request.notes, revision=plan.revision, parent_commit=plan.head,
+                                 create_pr=request.create_pr)
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else None
+        if status == 412:
+            raise ReleaseError(f"{plan.repo_id}: the branch moved after the plan (parent {plan.head}); nothing "
+                               "was overwritten; run 'release push' again to re-plan") from exc
+        raise ReleaseError(f"{plan.repo_id}: the Hub refused the commit: HTTP {status}") from exc
+    commit = info.oid
+    if request.create_pr:
+        return f"{plan.repo_id}: opened {info.pr_url}"
+    wrong = _mismatches(remote, plan, local)
+    if wrong:
+        raise ReleaseError(f"{plan.repo_id}: committed {commit[:12]}, but the remote {wrong[0]} does not match the "
+                           "hashed local file; not tagged")
+    tagged = _tag(remote, plan, commit) if plan.tag_action != "none" else f"not tagged (branch {plan.revision})"
+    return f"{plan.repo_id}: {created}committed {commit[:12]} to {plan.revision} ({len(ops)} files), {tagged}, " \
+        "checksums verified"
+
+
+def _copy_hashed(src: Path, dst: Path, sha256: str) -> None:
+    """Copy ``src`` to ``dst`` hashing the bytes written; they must be the bytes the plan hashed."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with src.open("rb") as fin, dst.open("wb") as fout:
+        while chunk := fin.read(CHUNK):
+            h.update(chunk)
+            fout.write(chunk)
+    if h.hexdigest() != sha256:
+        raise _changed_after_hashing(src)
+
+
+def _push_folder(remote: FolderRemote, plan: RepoPlan, folder: Path, local: dict[str, dict[str, Any]]) -> str:
+    """Write the repo beside its old copy, each file checked against its planned hash while it is copied, and swap
+    it in only when complete (``atomic_dir``): a failure leaves the old copy and no staging folder."""
+    if not plan.changes:
+        return f"{plan.repo_id}: no changes, nothing copied"
+    dest = remote.folder(plan.repo_id)
+    with atomic_dir(dest) as staging:
+        for f in plan.files:
+            if f.action != "delete":
+                _copy_hashed(folder / f.path, staging / f.path, local[f.path]["sha256"])
+    return f"{plan.repo_id}: {len(plan.changes)} changes published to {dest}, checksums verified"
+
+
+def run_push(request: PushRequest) -> str:
+    """Plan every repo; for a dry run return the plan, else push and return the plan plus what happened.
+
+    With a release manifest the build folders are staged from its sidecars, with freshly rendered cards, and each
+    file that is not there is planned by the hashes the manifest holds. A push to a folder holds
+    ``TARGET/.release-push.lock`` from the plan to the last copy: a second push to the same target fails at once,
+    naming the process that holds it.
+    """
+    if request.lock is None:
+        cache = HashCache(cache_dir() / "hashes.json")
+        return _run_push(request, request.dist, cache, lambda folder, build: checked_files(
+            folder, build.name, request.reports.get(build.name), cache))
+    lock, lock_path = request.lock, request.lock_path
+    assert lock_path is not None
+    with staged(lock, request.builds, request.release.languages) as dist:  # temporary: its hashes are not kept
+        cache = HashCache(dist / ".hashes.json")
+        return _run_push(request, dist, cache, lambda folder, build: locked_files(
+            lock, lock_path, folder, build, request.reports.get(build.name), cache))
+
+
+def _run_push(request: PushRequest, dist: Path, cache: HashCache,
+              files: Callable[[Path, BuildConfig], dict[str, dict[str, Any]]]) -> str:
+    """Plan (and push) the builds in ``dist``; ``files`` gives a build folder's checked files and hashes."""
+    remote: HubRemote | FolderRemote = FolderRemote(request.target, cache) if request.target \
+        else HubRemote(request.endpoint)
+    lock = exclusive_lock(request.target / LOCK_NAME, f"push to {request.target}") \
+        if request.target is not None and not request.dry_run else nullcontext()
+    with lock:
+        plans, hashes = [], []
+        for build in request.builds:
+            folder = dist / build.repo
+            local = files(folder, build)
+            hashes.append(local)
+            plans.append(plan_repo(remote, request, build, folder, local))
+        cache.save()
+        text = render_plan(plans, request, request.fmt)
+        if request.preview is not None:
+            write_preview(request.preview, plans, request, dist)
+        if request.dry_run:
+            return text
+        done = []
+        for build, plan, local in zip(request.builds, plans, hashes, strict=True):
+            folder = dist / build.repo
+            if isinstance(remote, FolderRemote):
+                done.append(_push_folder(remote, plan, folder, local))
+            else:
+                done.append(_push_hub(remote, plan, folder, request, local))
+    return text + "\n" + "\n".join(done) if request.fmt == "markdown" else "\n".join(done)

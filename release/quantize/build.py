@@ -1,0 +1,298 @@
+"""``release build``: calibration capture, ModelOpt FP8 quantization, export in NVIDIA's layout, provenance."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from release import __version__
+from release.core.builds import available_builds, load_build, load_release
+from release.core.config import BuildConfig, ReleaseConfig, builds_dir
+from release.core.errors import ReleaseError
+from release.core.io import CHECKOUT, atomic_dir, build_date, cache_dir, output_folder, sha256_file, write_json
+from release.core.profile import stage
+from release.inputs.observations import Observation, load_observations, observation_set_digest, split
+from release.inputs.source import (
+    Revision,
+    SourceModel,
+    check_architecture,
+    check_revision,
+    resolve_source,
+    source_identity,
+)
+
+if TYPE_CHECKING:
+    from release.quantize.recipes import ObserverPasses
+
+OBSERVATIONS_ENV = "RELEASE_OBSERVATIONS"
+console = Console(stderr=True)
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    release: ReleaseConfig
+    builds: list[BuildConfig]
+    source: Path
+    observations: Path
+    out: Path
+    cache: Path
+    identity: Revision
+
+    @classmethod
+    def create(cls, names: tuple[str, ...], all_builds: bool, source: str | Path | None,
+               observations: Path | None, out: Path, allow_revision_mismatch: bool = False) -> BuildRequest:
+        release = load_release()
+        if all_builds:
+            names = tuple(release.sweep or available_builds())
+        if not names:
+            raise ReleaseError(f"name at least one build ({', '.join(available_builds())}) or pass --all")
+        builds = [load_build(n) for n in dict.fromkeys(names)]
+        src = resolve_source(release, source)
+        identity = source_identity(src)
+        check_revision(release, identity, allow_revision_mismatch)  # before any work
+        if observations is None:
+            observations = Path(os.environ[OBSERVATIONS_ENV]) if os.environ.get(OBSERVATIONS_ENV) else None
+        if observations is None:
+            observations = src.parent / "observations"
+        if not (observations / "index.json").is_file():
+            raise ReleaseError(
+                f"observation set {observations} not found; pass --observations DIR or set {OBSERVATIONS_ENV}"
+            )
+        cache = cache_dir()
+        return cls(release, builds, src, observations, output_folder(out), cache, identity)
+
+
+def progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False)
+
+
+def capture_calibration(request: BuildRequest, observations: list[Observation],
+                        revision: str) -> tuple[Path, torch.nn.Module | None]:
+    """Roll the BF16 policy out on the calibration observations and store every transformer call.
+
+    One file per observation under a folder keyed by source revision, observation set, policy settings and device,
+    so an interrupted capture resumes where it stopped and a changed input captures anew. Returns the folder and,
+    when this process captured on a GPU without a memory cap, the policy's BF16 transformer (the source's, on the GPU:
+    the builds may take it instead of reading the source again, :class:`release.inputs.source.SourceModel`).
+    """
+    from release.core.device import compute_device, free_memory
+    from release.core.distributed import world
+    from release.inputs.policy import capture_calls, load_pipeline, rollout, settings_digest
+
+    key = hashlib.sha256(  # CPU and GPU rollouts differ in bf16: their captures are kept apart
+        f"{revision}|{observation_set_digest(request.observations)}|{settings_digest(request.release.policy)}|"
+        f"{compute_device()}".encode()
+    ).hexdigest()[:20]
+    folder = request.cache / "calibration" / key
+    folder.mkdir(parents=True, exist_ok=True)
+    todo = world().share([o for o in observations if not (folder / f"obs-{o.obs_id:05d}.pt").is_file()])
+    transformer = None
+    if todo:
+        from release.inputs.source import check_finite
+
+        with stage("capture: load the BF16 policy"):
+            pipe = load_pipeline(request.source, request.release.policy)
+            check_finite(pipe.transformer, request.source)
+        with progress() as bars:
+            task = bars.add_task(f"{world().tag}capturing calibration calls", total=len(todo))
+            for obs in todo:
+                calls: list[dict[str, Any]] = []
+                with stage("capture: rollouts"), capture_calls(pipe.transformer, calls.append):
+                    rollout(pipe, obs, request.release.policy)
+                path = folder / f"obs-{obs.obs_id:05d}.pt"
+                torch.save(calls, path.with_suffix(".tmp"))
+                os.replace(path.with_suffix(".tmp"), path)
+                bars.advance(task)
+        from release.core.memory import cap
+
+        if compute_device() == "cuda" and cap() is None:
+            transformer = pipe.transformer
+        del pipe
+        free_memory()  # the pipeline (but a transformer kept), before the builds place their models
+    world().barrier()  # every rank's share is on disk
+    return folder, transformer
+
+
+@dataclass(frozen=True)
+class CalibrationData:
+    """The captured transformer calls, per observation, and their hash."""
+
+    per_observation: list[list[dict[str, Any]]]
+    sha256: str
+
+    @classmethod
+    def load(cls, folder: Path, observations: list[Observation]) -> CalibrationData:
+        paths = [folder / f"obs-{o.obs_id:05d}.pt" for o in observations]
+        h = hashlib.sha256()
+        for p in paths:
+            h.update(sha256_file(p).encode())
+        return cls([torch.load(p, weights_only=True) for p in paths], h.hexdigest())
+
+    def calibration_calls(self, build: BuildConfig) -> list[dict[str, Any]]:
+        calls = [c for per_obs in self.per_observation for c in per_obs]
+        if len(calls) < build.calibration_calls:
+            raise ReleaseError(
+                f"builds/{build.name}.yaml: field 'calibration_calls' asks for {build.calibration_calls} calls, the "
+                f"{len(self.per_observation)} calibration observations give {len(calls)}; add observations from the "
+                "calibration labs or lower calibration_calls"
+            )
+        return calls[: build.calibration_calls]
+
+    def algorithm_calls(self, build: BuildConfig) -> list[dict[str, Any]]:
+        """One call per observation, cycling through the rollout's steps and CFG passes (obs i -> call i mod 8)."""
+        calls = [per_obs[i % len(per_obs)] for i, per_obs in enumerate(self.per_observation) if per_obs]
+        if build.needs_algorithm_data and len(calls) < build.algorithm_calls:
+            raise ReleaseError(
+                f"builds/{build.name}.yaml: field 'algorithm_calls' asks for {build.algorithm_calls} calls (one per "
+                f"observation), only {len(calls)} calibration observations exist; add observations or lower it"
+            )
+        return calls[: build.algorithm_calls]
+
+    @staticmethod
+    def digest(calls: list[dict[str, Any]]) -> str:
+        h = hashlib.sha256()
+        for call in calls:
+            for key in sorted(call):
+                value = call[key]
+                tensors = value if isinstance(value, list) else [value]
+                for t in tensors:
+                    if isinstance(t, torch.Tensor):
+                        h.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+                    else:
+                        h.update(repr(t).encode())
+        return h.hexdigest()
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             check=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
+def _device_name() -> str:
+    """Where the build ran, first word ``cpu`` or ``cuda``: verification recomputes the codes in its arithmetic."""
+    from release.core.device import compute_device
+
+    if compute_device() == "cuda":
+        return f"cuda ({torch.cuda.get_device_name()})"
+    return f"cpu ({platform.machine()})"
+
+
+def _build_files(build: BuildConfig) -> dict[str, bytes]:
+    """The build file and release.yaml as read, uploaded beside the checkpoint so that the card's reproduction
+    section names the exact configuration."""
+    return {name: (builds_dir() / name).read_bytes() for name in (f"{build.name}.yaml", "release.yaml")}
+
+
+class Builder:
+    """Makes builds from one load of the source and one calibration capture (:meth:`prepare`), each into its folder
+    under ``request.out`` with its provenance (:meth:`make`)."""
+
+    def __init__(self, request: BuildRequest, config: dict[str, Any], calibration: list[Observation],
+                 data: CalibrationData, source: SourceModel, device: str) -> None:
+        self.request, self.config, self.calibration, self.data = request, config, calibration, data
+        self.source, self.device = source, device
+
+    @classmethod
+    def prepare(cls, request: BuildRequest) -> Builder:
+        """Check the source, capture (or find) the calibration calls, check every build's data before the first one
+        is made, and load the source where the builds run."""
+        from release.core.device import compute_device, free_memory
+        from release.quantize.export import reserve_staging
+
+        config = check_architecture(request.source)
+        everything = load_observations(request.observations)
+        calibration = split(everything, request.release.calibration_labs)
+        if not calibration:
+            raise ReleaseError(f"{request.observations}: no observation from the calibration labs "
+                               f"({', '.join(request.release.calibration_labs)})")
+        device = compute_device()
+        reserve_staging(request.source, device)
+        folder, policy_transformer = capture_calibration(request, calibration, request.identity.revision)
+        with stage("load the calibration capture"):
+            data = CalibrationData.load(folder, calibration)
+        for build in request.builds:  # every build's data is checked before the first one is made
+            data.calibration_calls(build), data.algorithm_calls(build)
+        with stage("load the source"):
+            source = SourceModel(request.source, device, policy_transformer)
+            if policy_transformer is not None:
+                del policy_transformer  # what the source did not take of it is collected before the builds start
+                free_memory()
+        return cls(request, config, calibration, data, source, device)
+
+    def make(self, build: BuildConfig, observed: ObserverPasses, console: Console) -> Path:
+        """Quantize, export and record the provenance of one build, atomically into its folder."""
+        import diffusers
+        import modelopt
+
+        from release.inputs.policy import map_tensors
+        from release.quantize.export import export_build
+        from release.quantize.recipes import changes_weights, max_weight_error, quantize, steps
+
+        request, data, source, device = self.request, self.data, self.source, self.device
+        revision = request.identity.revision
+        calls, algorithm = data.calibration_calls(build), data.algorithm_calls(build)
+        final = request.out / build.repo
+        console.print(f"[bold]build {build.name}[/] ({'+'.join(build.recipe)}, {build.scheme}, "
+                      f"{build.calibrator.method}) -> {final}")
+        with atomic_dir(final) as tmp, stage(f"build {build.name}"):
+            with stage("instantiate the BF16 transformer"):
+                on_device = [[map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm)]
+                model = source.instantiate(device)
+            with stage("quantize (recipe, calibration)"):
+                quantized = quantize(model, build, on_device[0], on_device[1], observed, source.state)
+            exported = export_build(quantized, build, source, on_device[0][0], tmp, _build_files(build))
+            uses_data = build.needs_algorithm_data
+            write_json(tmp / "provenance.json", {
+                "build": build.name,
+                "repo": build.repo,
+                "recipe": {
+                    "name": "+".join(build.recipe),
+                    "steps": build.recipe,
+                    "parameters": {step.name: step.describe(build) for step in steps(build)},
+                    "scheme": build.scheme,
+                    "layerwise_calibration": build.layerwise,
+                    "alpha_table": quantized.alpha_table,
+                    "observer": build.calibrator.model_dump(),
+                    "arithmetic": build.arithmetic,
+                    "changes_weights": changes_weights(build),
+                    "max_weight_error": max_weight_error(build),
+                    "reconstruction": quantized.reconstruction,
+                },
+                "source": {"repo": request.identity.repo or request.release.base_model, "revision": revision,
+                           "origin": request.identity.origin, "base_revision": request.release.base_revision,
+                           "revision_mismatch": request.identity.is_commit
+                           and revision != request.release.base_revision,
+                           "architecture": {k: self.config[k] for k in ("hidden_size", "num_hidden_layers")}},
+                "tool": {"name": "release", "version": __version__, "commit": _git_commit()},
+                "versions": {"modelopt": modelopt.__version__, "torch": torch.__version__,
+                             "diffusers": diffusers.__version__, "python": platform.python_version()},
+                "device": _device_name(),
+                "seeds": {"noise_seed": request.release.policy.noise_seed},
+                "policy": request.release.policy.model_dump(),
+                "calibration": {"observations": len(self.calibration), "calls": len(calls),
+                                "sha256": CalibrationData.digest(calls), "capture_sha256": data.sha256,
+                                "labs": sorted({o.lab for o in self.calibration})},
+                "algorithm_data": {"calls": len(algorithm) if uses_data else 0,
+                                   "sha256": CalibrationData.digest(algorithm) if uses_data else None},
+                "quantized_linears": exported["quantized_linears"],
+                "fp8": {k: exported[k] for k in ("codes_sha256", "codes", "input_amax")},
+                "config_sha256": build.digest(),
+                "date": build_date(),
+            })
+            del quantized, on_device, model
+        console.print(f"  {exported['quantized_linears']} FP8 Linears written")
+        return final
