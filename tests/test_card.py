@@ -180,13 +180,14 @@ def test_formatter_edge_values(lang: str) -> None:
 
 
 def test_korean_catalog_is_complete() -> None:
-    method_map = [("templates/**.j2", "jinja2"), ("release/card.py", "python")]
+    method_map = [("templates/**.j2", "jinja2"), ("release/publish/card/**.py", "python")]
     options = {"templates/**.j2": {"extensions": "jinja2.ext.i18n"}}
     extracted = {m[2] for m in extract_from_dir(str(ROOT), method_map, options, keywords={"_": None,
                                                                                          "gettext": None})}
     with (ROOT / "locales/ko/LC_MESSAGES/messages.po").open("rb") as f:
         catalog = read_po(f)
     entries = {m.id: m for m in catalog if m.id}
+    assert {"Caveats", "sigma [95% CI]"} <= extracted  # the templates' strings and the card modules' _() ones
     missing = sorted(str(e) for e in extracted if e and e not in entries)
     assert not missing, f"not in the Korean catalog (run 'make i18n'): {missing}"
     untranslated = [m.id for m in entries.values() if not m.string]

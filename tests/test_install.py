@@ -31,7 +31,7 @@ def test_the_wheel_carries_what_the_commands_read(wheel: Path) -> None:
     for rel in ("templates/card.md.j2", "templates/partials/comparison.md.j2", "locales/ko/LC_MESSAGES/messages.po",
                 "builds/release.yaml", "builds/rtn.yaml", "builds/pc_rtn.yaml", "builds/autoround_tuned.yaml"):
         assert f"release/_data/{rel}" in names, rel
-    assert "release/recipes/gptq.py" in names and "release/__main__.py" in names
+    assert "release/quantize/recipes/gptq.py" in names and "release/__main__.py" in names
     assert not [n for n in names if n.endswith(".mo")]  # catalogs compile in memory on first use
 
 
