@@ -37,7 +37,8 @@ demo: venv
 	@echo "Results: $(DEMO)/dist/<repo>/ (checkpoint, provenance.json, verification/, results/, README.md),"
 	@echo "         $(DEMO)/dist/tables/ (fidelity, ranking, attribution: CSV + tables.json),"
 	@echo "         $(DEMO)/dist/selection.json (the selection rule of builds/release.yaml applied),"
-	@echo "         $(DEMO)/hub/np-cr/<repo>/ (the local push target); tiny source in $(DEMO)/fixture/"
+	@echo "         $(DEMO)/hub/np-cr/<repo>/ (the local push target); tiny source, observations and ModelOpt's"
+	@echo "         reference export (what the builds were verified against) in $(DEMO)/fixture/"
 
 # Extract translatable strings from templates/ and release/publish/card/, merge them into the Korean catalog, compile.
 i18n: venv

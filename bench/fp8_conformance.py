@@ -6,19 +6,30 @@ Kinds: normal, outlier channels, ReLU-like, subnormal-heavy (values ~1e-3 before
 outlier channels), mixed magnitudes within a row. For each case: differing fp32 accumulator outputs (unit scales),
 GPU emulation vs kernel; the same on the CPU emulation for cases up to 2^26 multiply-adds; differing bf16 outputs
 with per-tensor scales and a bias (cuBLAS's epilogue) and with row-wise scales (the per-channel family's kernel).
-Needs torch only (run from the checkout: PYTHONPATH=. python3 bench/fp8_conformance.py [CASES] [SEED]).
+Then fixed shapes, each with every data kind: small M at the Nano's ``down_proj`` width (M = 3, 17, 48, 128 at
+K = 12,288, N = 4,096: cuBLAS splits K for some of them), and the shapes of any ``bench/gpu_gemm_shapes.py`` files
+given (a model's own rollout GEMMs). For a fixed shape whose fp32 outputs differ, the split of K into S parts that
+makes the emulation exact on every kind is searched (S = 2 to 16) and printed, for ``release.core.fp8.SPLIT_K``.
+``--table FILE`` writes the fixed shapes' results as ``release/core/fp8_conformance.json`` holds them.
+Needs torch only (run from the checkout:
+PYTHONPATH=. python3 bench/fp8_conformance.py [CASES] [SEED] [--shapes FILE ...] [--table FILE]).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib.metadata
 import json
-import sys
+import subprocess
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from release.core.fp8 import emulated_gemm, hopper_accumulate
 
 KINDS = ("normal", "outliers", "relu", "subnormal", "mixed")
+SMALL_M = tuple((m, 4096, 12288) for m in (3, 17, 48, 128))  # (M, N, K): the Nano's down_proj at few tokens
 
 
 def data(g: torch.Generator, m: int, k: int, kind: str) -> torch.Tensor:
@@ -34,6 +45,71 @@ def data(g: torch.Generator, m: int, k: int, kind: str) -> torch.Tensor:
         x[:, torch.randint(0, k, (max(1, k // 64),), device="cuda", generator=g)] = 300.0
         return x.clamp(-448, 448).to(torch.float8_e4m3fn)
     return (x * (448 / x.abs().max())).to(torch.float8_e4m3fn)
+
+
+def _differ(x: torch.Tensor, y: torch.Tensor) -> int:
+    bits = torch.int32 if x.dtype == torch.float32 else torch.int16
+    return int((x.view(bits) != y.view(bits)).sum())
+
+
+def fixed_shape(g: torch.Generator, m: int, n: int, k: int) -> dict[str, Any]:
+    """Every data kind at one (M, N, K): differing fp32 accumulator outputs (unit scales), bf16 outputs with
+    per-tensor scales and a bias, and row-wise bf16 outputs, emulation (on this GPU) vs the kernel; and, where the
+    fp32 outputs differ, the splits of K that the emulation needs to equal the kernel on every kind."""
+    one = torch.ones((), device="cuda")
+    row: dict[str, Any] = {"m": m, "n": n, "k": k, "kinds": len(KINDS), "outputs": m * n * len(KINDS),
+                              "fp32_differ": 0, "bf16_differ": 0, "rowwise_differ": 0}
+    pairs = []
+    for kind in KINDS:
+        a, b = data(g, m, k, kind), data(g, n, k, "normal")
+        kernel = torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.float32, use_fast_accum=True)
+        pairs.append((a, b, kernel))
+        row["fp32_differ"] += _differ(kernel, hopper_accumulate(a, b, max_elements=1 << 27))
+        sa = torch.rand((), device="cuda", generator=g) * 0.1 + 1e-3
+        sb = torch.rand((), device="cuda", generator=g) * 0.01 + 1e-4
+        bias = torch.randn(n, device="cuda", generator=g).to(torch.bfloat16)
+        kb = torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, bias=bias, out_dtype=torch.bfloat16,
+                              use_fast_accum=True)
+        row["bf16_differ"] += _differ(kb, emulated_gemm(a, b, sa, sb, bias, torch.bfloat16))
+        ra = torch.rand((m, 1), device="cuda", generator=g) * 0.1 + 1e-4
+        rb = torch.rand((1, n), device="cuda", generator=g) * 0.01 + 1e-4
+        try:
+            kr = torch._scaled_mm(a, b.t(), scale_a=ra, scale_b=rb, bias=bias, out_dtype=torch.bfloat16,
+                                  use_fast_accum=True)
+            row["rowwise_differ"] += _differ(kr, emulated_gemm(a, b, ra, rb, bias, torch.bfloat16))
+        except RuntimeError as exc:
+            row["rowwise_error"] = str(exc)[:80]
+    if row["fp32_differ"]:
+        row["exact_splits"] = [s for s in range(1, 17) if all(
+            _differ(kernel, hopper_accumulate(a, b, max_elements=1 << 27, split=s)) == 0 for a, b, kernel in pairs)]
+    return row
+
+
+def versions() -> dict[str, object]:
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                            capture_output=True, text=True, check=False).stdout.strip()
+    cublas = None
+    for name in ("nvidia-cublas", "nvidia-cublas-cu13", "nvidia-cublas-cu12"):  # the wheel torch loads cuBLAS from
+        try:
+            cublas = importlib.metadata.version(name)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cublas": cublas, "driver": driver or None}
+
+
+def fixed(seed: int, shape_files: list[Path], table: Path | None) -> None:
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    shapes = dict.fromkeys(SMALL_M)
+    for file in shape_files:
+        shapes.update(dict.fromkeys((s["m"], s["n"], s["k"]) for s in json.loads(file.read_text())["shapes"]))
+    rows = []
+    for m, n, k in shapes:
+        rows.append(fixed_shape(g, m, n, k))
+        print(json.dumps(rows[-1]), flush=True)
+    if table is not None:
+        table.write_text(json.dumps({**versions(), "seed": seed, "kinds": list(KINDS), "shapes": rows}, indent=1))
 
 
 def main(cases: int, seed: int) -> None:
@@ -87,4 +163,11 @@ def main(cases: int, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 60, int(sys.argv[2]) if len(sys.argv) > 2 else 20261201)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cases", type=int, nargs="?", default=60)
+    parser.add_argument("seed", type=int, nargs="?", default=20261201)
+    parser.add_argument("--shapes", type=Path, nargs="*", default=[])
+    parser.add_argument("--table", type=Path)
+    args = parser.parse_args()
+    fixed(args.seed, args.shapes, args.table)
+    main(args.cases, args.seed)

@@ -155,13 +155,16 @@ def init(folder: Path) -> None:
 def fixture(size: str, out: Path, seed: int, n_obs: int, heldout: int) -> None:
     """A Cosmos3OmniTransformer checkpoint (the real architecture) and synthetic DROID observations.
 
-    tiny: 565k parameters, runs on a CPU. nano: the 15.7B model's sizes with random weights (31 GB; for speed and
-    scale runs, best on a GPU with 80 GB)."""
+    tiny: 565k parameters, runs on a CPU, with a reference FP8 checkpoint made by ModelOpt's own Hugging Face export
+    (what 'release verify' compares builds of this source with). nano: the 15.7B model's sizes with random weights
+    (31 GB; for speed and scale runs, best on a GPU with 80 GB)."""
     from release.inputs.fixture import write_fixture
 
     paths = write_fixture(out, size=size, seed=seed, n_obs=n_obs, heldout=heldout)
     click.echo(f"source:       {paths['source']} (revision {paths['revision'][:12]})")
     click.echo(f"observations: {paths['observations']}")
+    if "reference" in paths:
+        click.echo(f"reference:    {paths['reference']} (ModelOpt's own FP8 export of the source)")
 
 
 def _max_gpu_memory(command: Callable[..., None]) -> Callable[..., None]:
@@ -199,7 +202,8 @@ def build(names: tuple[str, ...], all_builds: bool, source: str | None, observat
 @click.argument("names", nargs=-1, required=True)
 @click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
 @click.option("--reference", default=None, help="Reference checkpoint (NVIDIA's Cosmos3-Nano@fp8): a folder or a "
-              "Hub id org/name[@revision] in the local cache; default: the RTN build in --dist.")
+              "Hub id org/name[@revision] in the local cache; default: the fixture's reference when the source is "
+              "a tiny fixture, else the RTN build in --dist (a self-reference).")
 @click.option("--source", default=None, help="BF16 source the values are recomputed from (default: as for build).")
 @click.option("--observations", type=click.Path(path_type=Path), default=None,
               help="Observations for the loadability rollout (default: beside the source).")
@@ -307,11 +311,13 @@ def select_(dist: Path) -> None:
     """Apply the selection rule of builds/release.yaml to DIST/tables/tables.json; write DIST/selection.json."""
     from rich.console import Console
 
-    from release.measure.select import SelectRequest, ranking_table, run_select
+    from release.measure.select import SelectRequest, delivery, ranking_table, run_select
 
     request = SelectRequest.create(dist)
-    Console(width=160).print(ranking_table(run_select(request)))
+    doc = run_select(request)
+    Console(width=160).print(ranking_table(doc))
     click.echo(f"selection: {request.out}")
+    click.echo(f"delivered: {', '.join(delivery(request.release, doc).builds) or 'none'}")
 
 
 @main.command()
@@ -319,12 +325,25 @@ def select_(dist: Path) -> None:
 @click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
 @click.option("--lang", default="en,ko", show_default=True, help="Comma-separated languages; the first is README.md.")
 @click.option("--check", is_flag=True, help="Render without writing; fail on a missing translation or bad data.")
-def card(names: tuple[str, ...], dist: Path, lang: str, check: bool) -> None:
+@click.option("--preview", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
+              help="Also write the pull-request preview of the cards: DIR/comment.md (each changed card's diff "
+              "against --base's, inline and collapsed, under GitHub's limit), DIR/cards.diff and DIR/cards/REPO/.")
+@click.option("--base", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIST",
+              help="With --preview: the dist whose rendered cards to compare with (the base commit's).")
+@click.option("--note", default="", help="With --preview: a paragraph for the comment (what the cards are made from).")
+def card(names: tuple[str, ...], dist: Path, lang: str, check: bool, preview: Path | None, base: Path | None,
+         note: str) -> None:
     """Render the model cards (README.md, README.<lang>.md, LICENSE, forest plot) of each built repo."""
     from release.publish.card.render import CardRequest, render_cards
+    from release.publish.preview import CardPreviewRequest, write_card_preview
 
-    for path in render_cards(CardRequest.create(names, dist, lang, check)):
+    previewed = CardPreviewRequest.create(dist, preview, base, note, check)
+    request = CardRequest.create(names, dist, lang, check)
+    for path in render_cards(request):
         click.echo(f"{'checked' if check else 'card'}: {path}")
+    if previewed is not None:
+        changes = write_card_preview(previewed)
+        click.echo(f"preview: {previewed.out} ({len(changes)} card files differ from --base's)")
 
 
 @main.command()

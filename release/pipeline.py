@@ -7,18 +7,21 @@ from __future__ import annotations
 from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 from release.core.config import BuildConfig
 from release.core.distributed import world
+from release.inputs.fixture import fixture_reference
 from release.quantize.build import Builder, BuildRequest, progress
 from release.quantize.recipes import ObserverPasses, observes_source
 
 
 def run_builds(request: BuildRequest) -> bool:
     """Build every requested build from one load of the source and one calibration capture, then verify each
-    against the RTN build; True when all checks passed. Under torchrun each rank makes and verifies its share."""
+    against the fixture's reference (ModelOpt's own export, for a tiny fixture's source), else the RTN build; True
+    when all checks passed. Under torchrun each rank makes and verifies its share."""
+    fixtures = fixture_reference(request.source)  # before any work: a recorded reference that is gone is refused
     builder = Builder.prepare(request)
     # the reference first: in one process every other build is then verified against it as soon as it is made;
     # under torchrun a rank that does not make the reference verifies its builds once every rank is done
     builds = sorted(request.builds, key=lambda b: b.name != REFERENCE_BUILD)
-    reference_ready = REFERENCE_BUILD not in {b.name for b in builds}
+    reference_ready = REFERENCE_BUILD not in {b.name for b in builds} or fixtures is not None
     verifier, ok, later = Verifier(builder.source), True, []
 
     def verification(build: BuildConfig) -> VerifyRequest:

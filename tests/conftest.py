@@ -130,6 +130,18 @@ def campaign(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 CARD_DATA = ROOT / "tests" / "data" / "cards"  # the seed card's figures: tables.json and selection.json
 
 
+def choose(dist: Path, chosen: list[str]) -> None:
+    """A crafted ``selection.json`` in ``dist`` that chose ``chosen`` (RTN as the rule's 'always' build), made from
+    the tables in ``dist`` (the committed card data's when it has none)."""
+    if not (dist / "tables").is_dir():
+        shutil.copytree(CARD_DATA / "tables", dist / "tables")
+    doc = json.loads((CARD_DATA / "selection.json").read_text())
+    for c in doc["candidates"]:
+        c["chosen"] = "always" if c["build"] == "rtn" else "rank" if c["build"] in chosen else None
+    doc["chosen"] = chosen
+    (dist / "selection.json").write_text(json.dumps(doc, indent=2))
+
+
 @pytest.fixture(scope="session")
 def carded(rtn_build: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A dist as a real release leaves it for 'release manifest': the RTN build, the seed's tables and selection,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +116,23 @@ def test_loads_in_diffusers_and_rolls_out(rtn_build: Path, tiny: Path) -> None:
     assert 0 < np.abs(actions - reference).max() < 0.5  # FP8, yet close to the BF16 policy
 
 
+def test_a_load_that_restores_no_quantizer_is_refused(rtn_build: Path, tmp_path: Path) -> None:
+    """What the old Use code got from the Hub (ModelOpt found no state, diffusers made plain Linears holding the FP8
+    weights) fails the load that verification's loadable check runs."""
+    import shutil
+
+    import modelopt.torch.opt as mto
+
+    from release.core.errors import ReleaseError
+
+    folder = tmp_path / rtn_build.name
+    shutil.copytree(rtn_build, folder, ignore=shutil.ignore_patterns("results"))
+    torch.save(mto.modelopt_state(torch.nn.Linear(1, 1)), folder / "transformer" / "modelopt_state.pth")  # no mode
+    with pytest.raises(ReleaseError, match=r"transformer: 28 Linears \(the first layers\.0\.self_attn\.to_q\) hold "
+                                           r"FP8 weights as plain torch\.nn\.Linear: ModelOpt's restore did not run"):
+        load_build_transformer(folder)
+
+
 def test_second_build_reuses_calibration_and_is_identical(rtn_build: Path, tiny: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """... and RELEASE_PROFILE times its stages (no GPU here: no memory figures)."""
@@ -150,11 +168,17 @@ def test_second_build_reuses_calibration_and_is_identical(rtn_build: Path, tiny:
 
 def test_the_reference_is_built_first_and_each_build_verified_as_it_is_made(tiny: Path, tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The RTN build, the others' reference, comes first whatever the order asked; every build is verified right
-    after it is made, against it (a sweep's builds need not all be on disk at once)."""
+    """Of a source with no recorded reference (not a tiny fixture's), the RTN build, the others' reference, comes
+    first whatever the order asked; every build is verified right after it is made, against it (a sweep's builds need
+    not all be on disk at once)."""
     monkeypatch.setenv("RELEASE_PROFILE", str(tmp_path / "profile.json"))
+    source = tmp_path / "source"
+    shutil.copytree(tiny / "source", source)
+    record = json.loads((source / "fixture.json").read_text())
+    del record["reference"]  # the revision is unchanged: the calibration capture is the session's
+    (source / "fixture.json").write_text(json.dumps(record))
     dist = tmp_path / "dist"
-    result = invoke("build", "rtn_mavg", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+    result = invoke("build", "rtn_mavg", "rtn", "--source", source, "--observations", tiny / "observations",
                     "--out", dist)
     assert result.exit_code == 0, result.output
     timeline = json.loads((tmp_path / "profile.json").read_text())["timeline"]

@@ -312,7 +312,7 @@ def test_weight_changing_recipe_outside_its_bound_fails_verification(campaign: P
 @pytest.mark.parametrize(("build", "edits", "message"), [
     ("autoround", [("method: max", "method: moving_average")], "cannot follow layer-by-layer calibration"),
     ("pc_rtn", [("method: max", "method: histogram")], "quantizes activations per token at run time"),
-    ("pc_rtn", [("delivered: false", "delivered: true")], "'delivered: true' with 'deliverable: false'"),
+    ("pc_rtn", [("deliverable: false", "deliverable: false\ndelivered: true")], "field 'delivered' is gone"),
     ("gptq", [("recipe: [gptq]", "recipe: [gptq, autoround]")], "at most one smoothing step"),
     ("awq", [("recipe: [awq]", "recipe: [awq, gptq]"), ("algorithm_calls: 32", "algorithm_calls: 0")],
      "needs algorithm_calls >= 1"),

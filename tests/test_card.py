@@ -15,13 +15,13 @@ from babel.messages.pofile import read_po
 from huggingface_hub import ModelCard
 
 from release.core.builds import available_builds, load_build, load_release
-from release.measure.select import read_tables_doc
+from release.measure.select import delivery, read_selection, read_tables_doc
 from release.publish.card.conclusions import conclusions
 from release.publish.card.i18n import Formatter, translations
-from release.publish.card.labels import titled
+from release.publish.card.labels import PER_CHANNEL, titled
 from release.publish.card.particles import MARKER
 from release.publish.card.plot import forest_rows
-from release.publish.card.render import render_card
+from release.publish.card.render import marked, render_card
 from release.publish.card.rows import fidelity_rows
 from release.publish.card.sections import fakequant_tables, path_tables, paths_rows, setup_rows
 from tests.conftest import ROOT, invoke
@@ -225,7 +225,7 @@ def test_card_metadata_round_trips(card_dist: Path) -> None:
     data = card.data.to_dict()
     assert data["base_model"] == "nvidia/Cosmos3-Nano-Policy-DROID" and data["base_model_relation"] == "quantized"
     assert (data["license"], data["license_name"]) == ("other", "OpenMDW-1.1")
-    assert data["pipeline_tag"] == "robotics" and data["language"] == ["en", "ko"]
+    assert data["pipeline_tag"] == "robotics" and data["language"] == ["en"]  # the model's: English instructions
     assert data["library_name"] == "cosmos"  # the seed card's; the Hub's diffusers snippet skips ModelOpt's restore
     assert "[ko](README.ko.md)" in card.text
     ko = (card_dist / DELIVERED["sq_auto"] / "README.ko.md").read_text(encoding="utf-8")
@@ -354,8 +354,8 @@ def test_cards_show_titles_verification_and_yardsticks_in_their_language(card_di
     ko = (card_dist / DELIVERED["sq_auto"] / "README.ko.md").read_text(encoding="utf-8")
     assert "# Cosmos3-Nano-Policy-DROID, FP8 + SmoothQuant (레이어별 α 탐색) (ModelOpt W8A8, 텐서별 정적)" in ko
     assert "SmoothQuant는 양자화 전에 활성값의 범위를 가중치로 옮기고" in ko  # the build file's Korean description
-    assert "| 파일, 텐서 이름, 데이터 타입, 형태 | 통과 | 공통 텐서 341개, 데이터 타입이나 형태가 다른 텐서 0개; " \
-           "한쪽에만 있는 파일: 도구 부속 파일 1개 |" in ko
+    assert "| 파일, 텐서 이름, 데이터 타입, 형태 | 통과 | 자기 참조, 독립적인 근거 아님: 공통 텐서 341개, " \
+           "데이터 타입이나 형태가 다른 텐서 0개; 한쪽에만 있는 파일: 도구 부속 파일 1개 |" in ko
     assert "| BF16 시드 대 BF16 다른 시드 (참고 척도) | BF16 참고 척도, 전체 랩 |" in ko
     assert "common tensors" not in ko and "(yardstick)" not in ko
 
@@ -377,6 +377,38 @@ def test_failed_and_skipped_checks_and_a_report_without_details(card_dist: Path)
         "records (KeyError: 'details'); rerun 'release verify rtn'" in result.output
 
 
+@pytest.mark.parametrize("kind", ["self-reference", "modelopt-export", "independent"])
+def test_only_an_independent_reference_backs_nvidias_layout(kind: str, card_dist: Path) -> None:
+    """The card data's RTN build was verified against itself: its card says so and claims neither NVIDIA's layout
+    nor its recipe, nor does a verification against ModelOpt's own export; against an independent checkpoint
+    (NVIDIA's) it does."""
+    path = card_dist / DELIVERED["rtn"] / "verification" / "report.json"
+    report = json.loads(path.read_text())
+    assert {c["details"]["reference"]["kind"] for c in report["checks"][:3]} == {"self-reference"}
+    for c in report["checks"][:3]:
+        c["details"]["reference"]["kind"] = kind
+    path.write_text(json.dumps(report))
+    assert invoke("card", "rtn", "--dist", card_dist, "--lang", "en,ko").exit_code == 0
+    en = (card_dist / DELIVERED["rtn"] / "README.md").read_text(encoding="utf-8")
+    ko = (card_dist / DELIVERED["rtn"] / "README.ko.md").read_text(encoding="utf-8")
+    claims = ["as in `nvidia/Cosmos3-Nano@fp8`)", "Round-to-nearest (the recipe of `nvidia/Cosmos3-Nano@fp8`)"]
+    self_reference = "| `quantization_config`, root `hf_quant_config.json` | passed | self-reference, no independent " \
+        "evidence: identical to the reference's |"
+    if kind == "independent":
+        assert all(claim in en for claim in claims) and "self-reference" not in en and "자기 참조" not in ko
+        assert "| `quantization_config`, root `hf_quant_config.json` | passed | identical to the reference's |" in en
+        return
+    assert not any(claim in en for claim in claims)
+    assert "not compared with `nvidia/Cosmos3-Nano@fp8`" in en and "`nvidia/Cosmos3-Nano@fp8`과 비교하지 않음" in ko
+    if kind == "self-reference":
+        assert self_reference in en and "That reference is a build of this tool (a self-reference)" in en
+        assert "자기 참조, 독립적인 근거 아님: 기준 체크포인트의 설정과 같음" in ko
+    else:
+        assert "| passed | against ModelOpt's own export: identical to the reference's |" in en
+        assert "That reference is ModelOpt's own Hugging Face export (`export_hf_checkpoint`)" in en
+        assert "ModelOpt 자체 내보내기와 비교: " in ko and "self-reference" not in en
+
+
 def test_the_baseline_named_is_tables_jsons(card_dist: Path) -> None:
     """With ``release tables --baseline rtn_mavg`` the card says so: no "vs RTN" over numbers against another build."""
     path = card_dist / "tables" / "tables.json"
@@ -394,15 +426,40 @@ def test_the_baseline_named_is_tables_jsons(card_dist: Path) -> None:
 def test_use_section_gives_the_restore_and_the_policy_server_settings(card_dist: Path) -> None:
     assert invoke("card", "rtn", "--dist", card_dist).exit_code == 0
     use = (card_dist / DELIVERED["rtn"] / "README.md").read_text(encoding="utf-8").split("## Use")[1]
-    assert "mto.enable_huggingface_checkpointing()\ntransformer = Cosmos3OmniTransformer.from_pretrained(" \
-           '"np-cr/Cosmos3-Nano-Policy-DROID-FP8", subfolder="transformer")' in use
+    assert 'mto.enable_huggingface_checkpointing()\npath = snapshot_download("np-cr/Cosmos3-Nano-Policy-DROID-FP8")\n' \
+           'transformer = Cosmos3OmniTransformer.from_pretrained(f"{path}/transformer", dtype=torch.bfloat16)' in use
+    assert "subfolder=" not in use.split("```python")[1]  # ModelOpt would look for its state at the repo's root
+    assert "compute capability 8.9 or later" in use and "pip install nvidia-modelopt==0.47.0 torch==2.13.0 " \
+           "diffusers==0.42.1\n" in use  # provenance.json's versions, torch's local label (+cpu) dropped
+    assert "GPU memory: 15.9 GiB at peak during one policy rollout, measured on `NVIDIA H200` by the deployed " \
+           "evaluation (`results/deployed-all.perf.json`)" in use  # tables.json's speed of rtn's deployed row
+    assert invoke("card", "sq_auto", "--dist", card_dist).exit_code == 0  # its deployed rows ran on a CPU
+    assert "GPU memory: not measured, the deployed evaluation ran on a CPU" in \
+        (card_dist / DELIVERED["sq_auto"] / "README.md").read_text(encoding="utf-8")
     assert 'checkpoint_path="np-cr/Cosmos3-Nano-Policy-DROID-FP8"\nmixed_precision_first_steps=0\n' \
            'mixed_precision_last_steps=0\nmixed_precision_w8a16_cache="none"' in use
     tables = read_tables_doc(card_dist / "tables" / "tables.json")
     tables["records"] = titled(tables["records"], "en", translations("en").gettext)
-    exploratory = load_build("rtn").model_copy(update={"deliverable": False})
-    text = render_card(load_release(), exploratory, card_dist / DELIVERED["rtn"], tables, None, {}, "en", ["en"])
-    assert "cannot serve this build's scheme" in text.split("## Use")[1] and "checkpoint_path" not in text
+    report = card_dist / DELIVERED["rtn"] / "verification" / "report.json"
+    doc = json.loads(report.read_text())
+    for check in doc["checks"]:  # a per-channel report also counts the entries its scheme sets
+        for counts in check["details"].get("counts", {}).values():
+            counts["scheme"] = 0
+    report.write_text(json.dumps(doc))
+    for scheme in (load_build("rtn").scheme, PER_CHANNEL):
+        exploratory = load_build("rtn").model_copy(update={"deliverable": False, "scheme": scheme})
+        text = render_card(load_release(), exploratory, card_dist / DELIVERED["rtn"], tables, None,
+                           delivery(load_release(), None), {}, "en", ["en"])
+        use = text.split("## Use")[1].split("\n## ")[0]
+        assert "This build is not published: its build file marks it `deliverable: false`" in use
+        assert "release eval rtn --path deployed" in use and "compute capability 8.9" in use
+        assert "```python" not in use and "checkpoint_path" not in text and "snapshot_download" not in text
+        assert ("NVIDIA's policy server cannot serve per-channel weight scales" in use) == (scheme == PER_CHANNEL)
+        header = text.split("\n# ")[1].split("\n\n")[1].removesuffix(exploratory.text("description"))  # RTN's
+        fmt = next(line for line in text.splitlines() if line.startswith("| Format |"))
+        if scheme == PER_CHANNEL:  # no claim of NVIDIA's layout (a per-tensor card's depends on its reference)
+            assert "per-channel weight scales" in header and "NVIDIA's policy server cannot serve" in fmt
+            assert "Cosmos3-Nano@fp8" not in header + fmt and "NVIDIA's layout" not in header + fmt, (header, fmt)
 
 
 def test_forest_plot_is_drawn_per_build_in_the_cards_language(card_dist: Path) -> None:
@@ -416,7 +473,8 @@ def test_forest_plot_is_drawn_per_build_in_the_cards_language(card_dist: Path) -
     assert all((card_dist / repo / f"forest.{lang}.png").read_bytes() == png for (repo, lang), png in plots.items())
     records = read_tables_doc(card_dist / "tables" / "tables.json")["records"]
     t = translations("ko").gettext
-    assert [label for _, label in forest_rows(titled(records, "ko", t), t)] == [
+    have = delivery(load_release(), read_selection(card_dist))  # the selection chose RTN and the moving average
+    assert [label for _, label in forest_rows(marked(titled(records, "ko", t), have), t)] == [
         "FP8 (RTN, NVIDIA와 같은 레시피) (전달)", "FP8 RTN + 이동평균 옵저버 0.01 (전달)",
-        "FP8 + SmoothQuant (레이어별 α 탐색) (전달)", "BF16 즉시 실행 대 BF16 torch.compile (참고 척도)",
+        "FP8 + SmoothQuant (레이어별 α 탐색)", "BF16 즉시 실행 대 BF16 torch.compile (참고 척도)",
         "BF16 시드 대 BF16 다른 시드 (참고 척도)"]

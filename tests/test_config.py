@@ -15,7 +15,8 @@ from tests.conftest import ROOT, invoke
 def test_delivered_builds_validate() -> None:
     release = load_release(ROOT / "builds")
     assert release.license.name == "OpenMDW-1.1"
-    assert {s.build for s in release.siblings} == {"rtn", "sq_auto", "rtn_mavg"}
+    assert release.selection is not None and set(release.repos) == set(release.selection.candidates)
+    assert release.override == {}  # the shipped release delivers what its selection chooses
     assert set(available_builds(ROOT / "builds")) >= {"rtn", "sq_auto", "rtn_mavg"}
     for name in ("rtn", "sq_auto", "rtn_mavg"):
         build = load_build(name, ROOT / "builds")
@@ -30,17 +31,18 @@ def _replace(path: Path, old: str, new: str) -> None:
 
 
 def test_unknown_field_names_file_line_and_field(builds: Path) -> None:
-    _replace(builds / "rtn.yaml", "delivered: true\n", "delivered: true\ncalibrater: max\n")
+    _replace(builds / "rtn.yaml", "repo: Cosmos3-Nano-Policy-DROID-FP8\n",
+             "repo: Cosmos3-Nano-Policy-DROID-FP8\ncalibrater: max\n")
     with pytest.raises(ReleaseError) as err:
         load_build("rtn")
     msg = str(err.value)
-    assert f"{builds / 'rtn.yaml'}:7:" in msg and "'calibrater'" in msg and "valid fields" in msg
+    assert f"{builds / 'rtn.yaml'}:6:" in msg and "'calibrater'" in msg and "valid fields" in msg
     assert "calibrator" in msg  # the valid names are listed
 
 
 def test_nested_type_error_points_at_the_line(builds: Path) -> None:
     _replace(builds / "rtn.yaml", "  overall_sigma: 0.13", "  overall_sigma: lots")
-    with pytest.raises(ReleaseError, match=r"rtn\.yaml:34: field 'gate\.overall_sigma'"):
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml:33: field 'gate\.overall_sigma'"):
         load_build("rtn")
 
 
@@ -58,7 +60,7 @@ def test_missing_field(builds: Path) -> None:
 
 def test_unknown_recipe_lists_valid_ones(builds: Path) -> None:
     _replace(builds / "rtn.yaml", "recipe: rtn", "recipe: quarot")
-    with pytest.raises(ReleaseError, match=r"rtn\.yaml:7: field 'recipe.0': Input should be 'rtn', 'smoothquant', "):
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml:6: field 'recipe.0': Input should be 'rtn', 'smoothquant', "):
         load_build("rtn")
 
 
@@ -88,7 +90,7 @@ def test_unknown_field_in_an_optional_section_lists_its_fields(builds: Path) -> 
 def test_duplicate_key_in_a_nested_mapping(builds: Path) -> None:
     original = (builds / "rtn.yaml").read_text()
     _replace(builds / "rtn.yaml", "  overall_sigma: 0.13", "  overall_sigma: 0.13\n  overall_sigma: 0.5")
-    with pytest.raises(ReleaseError, match=r"rtn\.yaml:35: duplicate key 'overall_sigma' \(first on line 34\)"):
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml:34: duplicate key 'overall_sigma' \(first on line 33\)"):
         load_build("rtn")
     # a merge key ('<<') is no duplicate: an explicit key overrides a merged one, as YAML defines
     (builds / "rtn.yaml").write_text(original.replace("  overall_sigma: 0.13", "  <<: {overall_sigma: 0.5}\n"

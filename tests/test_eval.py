@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -102,6 +105,74 @@ def test_eval_and_tables_errors(evaluated: Path, tiny: Path, tmp_path: Path) -> 
     assert result.exit_code == 2 and "has no results" in result.output and "release eval rtn_hist" in result.output
     result = invoke("eval", "rtn_hist", "--dist", evaluated, "--source", tiny / "source")
     assert result.exit_code == 2 and "run 'release build rtn_hist' first" in result.output
+
+
+def _computed(file: Path) -> dict[str, Any]:
+    return dict(json.loads(str(np.load(file)["computed"])))
+
+
+def test_results_record_how_they_were_computed(evaluated: Path, tiny: Path, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every results file records its device, torch and CUDA versions, kernel and GEMM shapes: results from the CPU
+    and from a mocked GPU record (the device facts and kernel name monkeypatched, the arithmetic the emulation's)
+    label their paths differently in tables.json and the card, and the shapes a tiny deployed eval ran appear in
+    the card's bound sentence, counted against the shipped conformance table. An older file is refused."""
+    import release.measure.evaluate as evaluate
+    import release.quantize.load as load
+    from release.core.conformance import MODELOPT, conformance
+    from release.core.errors import ReleaseError
+    from release.publish.card.i18n import Formatter, translations
+    from release.publish.card.rows import fidelity_rows
+    from release.publish.card.sections import paths_rows
+
+    dist = tmp_path / "dist"
+    shutil.copytree(evaluated, dist, ignore=shutil.ignore_patterns("tables"))
+    cpu = _computed(dist / RTN / "results" / "deployed-validation.npz")
+    assert (cpu["device"], cpu["torch"], cpu["cuda"], cpu["kernel"]) == ("cpu", torch.__version__, torch.version.cuda,
+                                                                         "emulation")
+    shapes = {tuple(s) for s in cpu["gemm_shapes"]}
+    assert shapes and {k for _, _, k in shapes} == {64, 128}  # the tiny model's widths, M its token counts
+    assert _computed(dist / RTN / "results" / "fakequant-validation.npz")["kernel"] is None  # no FP8 GEMM
+    monkeypatch.setattr(evaluate, "machine", lambda: {"device": "NVIDIA H200", "torch": "2.11.0+cu130",
+                                                      "cuda": "13.0"})
+    monkeypatch.setattr(load, "EMULATION", MODELOPT)  # the kernel a GPU would record
+    cache = tmp_path / "cache"  # the mocked rollouts stay out of the session's cache; the BF16 ones are reused
+    shutil.copytree(os.environ["RELEASE_CACHE"], cache)
+    monkeypatch.setenv("RELEASE_CACHE", str(cache))
+    common = ["--dist", dist, "--source", tiny / "source", "--observations", tiny / "observations"]
+    result = invoke("eval", "sq_auto", "--path", "deployed", "--split", "validation", *common)
+    assert result.exit_code == 0, result.output
+    result = invoke("tables", "--dist", dist, "--resamples", "200")
+    assert result.exit_code == 0, result.output
+    records = json.loads((dist / "tables" / "tables.json").read_text())["records"]
+    deployed = {r["build"]: r for r in records if r["path"] == "deployed"}
+    assert deployed["sq_auto"]["computed"]["device"] == "NVIDIA H200"
+    assert deployed["rtn"]["computed"] == cpu
+    for lang, labels in (("en", ("deployed, CPU emulation, held-out labs",
+                                 "deployed, H200, ModelOpt FP8 GEMM, held-out labs")),
+                         ("ko", ("배포, CPU 에뮬레이션, 홀드아웃 랩", "배포, H200, ModelOpt FP8 GEMM, 홀드아웃 랩"))):
+        t = translations(lang).gettext
+        rows = fidelity_rows([deployed["rtn"], deployed["sq_auto"]], Formatter(lang), t)
+        assert (rows[0]["path"], rows[1]["path"]) == labels
+    t = translations("en").gettext
+    emulated = {tuple(s) for r in deployed.values() if r["computed"]["kernel"] == "emulation"
+                for s in r["computed"]["gemm_shapes"]}
+    exact, differ, unverified = conformance().sort(emulated)
+    how = next(r["how"] for r in paths_rows(records, t) if r["path"] == t("deployed FP8 build (diffusers)"))
+    assert f"{len(exact)} of the {len(emulated)} GEMM shapes (tokens x out x in) that the emulation ran" in how
+    assert "ModelOpt's FP8 GEMM on H200 (torch 2.11.0+cu130, CUDA 13.0)" in how and "not verified" not in how
+    assert exact and not differ and not unverified  # the tiny rollouts' shapes were recorded on the H200
+    deployed["rtn"]["computed"]["gemm_shapes"].append([5, 48, 4096])  # a shape no GPU ran
+    how = next(r["how"] for r in paths_rows(records, t) if r["path"] == t("deployed FP8 build (diffusers)"))
+    assert how.endswith("; not verified on a GPU: 5 x 48 x 4,096.") and f"of the {len(emulated) + 1} GEMM" in how
+    del deployed["rtn"]["computed"]
+    with pytest.raises(ReleaseError, match=r"'rtn' \(validation\) do not record how they were computed"):
+        paths_rows(records, t)
+    older = dist / RTN / "results" / "deployed-validation.npz"
+    np.savez(older, **{k: v for k, v in np.load(older).items() if k != "computed"})
+    result = invoke("tables", "--dist", dist, "--resamples", "200")
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert f"{older}: does not record how it was computed" in result.output and "rerun 'release eval'" in result.output
 
 
 H200 = np.load(Path(__file__).parent / "data" / "h200_fp8_gemm.npz")  # made by bench/gpu_accum_record.py

@@ -262,6 +262,51 @@ def test_build_out_is_a_file(tiny: Path, tmp_path: Path) -> None:
     assert file.read_text() == "keep me"
 
 
+# --- the reference of `release verify`: a fixture's record of it, and its provenance.json ---
+
+def _reference_gone(fixture: Path) -> tuple[str | Path, ...]:
+    shutil.rmtree(fixture / "reference")
+    return ()
+
+
+def _fixture_record(text: str) -> Callable[[Path], tuple[str | Path, ...]]:
+    def damage(fixture: Path) -> tuple[str | Path, ...]:
+        (fixture / "source" / "fixture.json").write_text(text)
+        return ()
+    return damage
+
+
+def _reference_provenance(text: str) -> Callable[[Path], tuple[str | Path, ...]]:
+    def damage(fixture: Path) -> tuple[str | Path, ...]:
+        (fixture / "reference" / "provenance.json").write_text(text)
+        return ("--reference", fixture / "reference")
+    return damage
+
+
+REFERENCE_FAULTS = {
+    "a fixture.json naming a removed reference": (_reference_gone, ("fixture.json", "field 'reference'",
+                                                                    "holds no reference checkpoint")),
+    "a fixture.json that is not JSON": (_fixture_record("{bad"), ("fixture.json", "not valid JSON")),
+    "a reference provenance.json that is not JSON": (_reference_provenance('{"made_by": '),
+                                                     ("provenance.json", "not valid JSON")),
+    "a reference provenance.json that is a list": (_reference_provenance("[1, 2]"),
+                                                   ("provenance.json", "not a JSON object")),
+}
+
+
+@pytest.mark.parametrize("fault", REFERENCE_FAULTS)
+def test_verify_refuses_a_bad_reference(fault: str, tiny: Path, tmp_path: Path) -> None:
+    """Before any check runs (the build folder here is empty): one line naming the file and what to do."""
+    damage, names = REFERENCE_FAULTS[fault]
+    fixture = tmp_path / "fixture"
+    for part in ("source", "reference"):
+        shutil.copytree(tiny / part, fixture / part)
+    (tmp_path / "dist" / RTN).mkdir(parents=True)
+    args = damage(fixture)
+    refused(invoke("verify", "rtn", "--dist", tmp_path / "dist", "--source", fixture / "source", *args), *names)
+    assert not (tmp_path / "dist" / RTN / "verification").exists()
+
+
 def test_tables_out_is_a_file(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     rng = np.random.default_rng(0)
@@ -384,10 +429,10 @@ def test_a_build_name_cannot_leave_the_builds_folder(name: str, tmp_path: Path) 
     assert not (tmp_path / "dist").exists()
 
 
-def test_a_sibling_build_name_is_validated(builds: Path) -> None:
-    text = (builds / "release.yaml").read_text().replace("{build: rtn_mavg,", "{build: ../rtn_mavg,")
+def test_a_repos_build_name_is_validated(builds: Path) -> None:
+    text = (builds / "release.yaml").read_text().replace("  rtn_mavg: ", "  ../rtn_mavg: ")
     (builds / "release.yaml").write_text(text)
-    refused(invoke("push", "--dry-run", "--target", builds.parent / "hub"), "release.yaml", "siblings.2.build")
+    refused(invoke("push", "--dry-run", "--target", builds.parent / "hub"), "release.yaml", "repos")
 
 
 def test_source_date_epoch_must_be_seconds(monkeypatch: pytest.MonkeyPatch) -> None:

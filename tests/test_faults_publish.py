@@ -182,8 +182,7 @@ def test_an_org_that_leaves_the_target_is_refused_and_nothing_is_touched(dist: P
 
 @pytest.mark.parametrize("file, old, new, field", [
     ("rtn.yaml", "repo: Cosmos3-Nano-Policy-DROID-FP8", "repo: ../../x", "repo"),
-    ("release.yaml", "{build: rtn, repo: Cosmos3-Nano-Policy-DROID-FP8}", "{build: rtn, repo: ../x}",
-     "siblings.0.repo"),
+    ("release.yaml", "  rtn: Cosmos3-Nano-Policy-DROID-FP8", "  rtn: ../x", "repos"),
     ("release.yaml", "org: np-cr", "org: ../victim", "org"),
 ])
 def test_build_files_cannot_name_a_path(file: str, old: str, new: str, field: str, dist: Path, tmp_path: Path,

@@ -38,7 +38,10 @@ def _chunks(n: int, seed: int = 0) -> np.ndarray:
 def write_results(path: Path, reference: np.ndarray, candidate: np.ndarray, obs_ids: np.ndarray,
                   sigma: np.ndarray = SIGMA) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, reference=reference, candidate=candidate, obs_ids=obs_ids, sigma=sigma)
+    computed = {"device": "cpu", "torch": "2.13.0+cpu", "cuda": None, "gemm_shapes": [[164, 64, 128]],
+                "kernel": "emulation" if path.name.startswith("deployed") else None}  # as release eval records it
+    np.savez(path, reference=reference, candidate=candidate, obs_ids=obs_ids, sigma=sigma,
+             computed=np.array(json.dumps(computed)))
     return path
 
 
@@ -200,7 +203,7 @@ def test_too_few_observations(tmp_path: Path) -> None:
         assert row(card, "FP8 + SmoothQuant")[2].endswith(f" ({too_few})")  # fidelity: no interval
         deployed = row(card, "FP8 + SmoothQuant", cells=8)  # the comparison's deployed results
         assert deployed[2].endswith(f" ({too_few})") and deployed[3] == too_few  # difference and p
-    assert ("Deployed FP8 build (diffusers), held-out labs: too few observations to compare the builds with FP8 (RTN, "
+    assert ("Deployed, CPU emulation, held-out labs: too few observations to compare the builds with FP8 (RTN, "
             "NVIDIA-identical recipe).") in en
     assert "관측 수가 너무 적어 빌드를 FP8 (RTN, NVIDIA와 같은 레시피)와 비교할 수 없습니다." in ko
 
@@ -285,13 +288,17 @@ def test_rollout_speed_beside_the_results_reaches_tables_and_cards(dist: Path) -
     """What 'release eval' on a GPU writes beside a results file: the card states it next to BF16's."""
     perf = dist / _repo("sq_auto") / "results" / "deployed-validation.perf.json"
     perf.write_text(json.dumps({"bf16": _speed(0.7612, 28.93), "build": _speed(0.9489, 15.91)}))
+    results = dict(np.load(perf.with_suffix("").with_suffix(".npz")))  # computed on that GPU, by ModelOpt's GEMM
+    results["computed"] = np.array(json.dumps({"device": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0",
+                                               "kernel": "modelopt-fp8-gemm", "gemm_shapes": [[164, 4096, 4096]]}))
+    np.savez(perf.with_suffix("").with_suffix(".npz"), **results)
     rows = tables(dist)
     assert rows[("sq_auto", "deployed")]["speed"] == {
         "bf16": {"device": "NVIDIA H200", "rollouts": 16, "seconds": 0.7612, "peak_gib": 28.93},
         "build": {"device": "NVIDIA H200", "rollouts": 16, "seconds": 0.9489, "peak_gib": 15.91}}
     assert rows[("rtn", "deployed")]["speed"] is None  # measured on a CPU: no figures
     en, ko = cards(dist)
-    assert ("Speed and memory (deployed FP8 build (diffusers), held-out labs, `NVIDIA H200`): 0.95 s vs 0.76 s per "
+    assert ("Speed and memory (deployed, H200, ModelOpt FP8 GEMM, held-out labs, `NVIDIA H200`): 0.95 s vs 0.76 s per "
             "rollout for BF16 (median of 16 rollouts each), peak GPU memory 15.9 vs 28.9 GiB.") in en
     assert ("롤아웃 한 번에 0.95초, BF16은 0.76초(각각 롤아웃 16번의 중앙값), 최대 GPU 메모리 15.9 GiB, "
             "BF16은 28.9 GiB") in ko

@@ -59,3 +59,30 @@ def test_observations(tiny: Path) -> None:
     for cam in CAMERAS:
         assert Image.open(first.images[cam]).size == (640, 360)
     assert first.concat_view().shape == (360, 1920, 3)
+
+
+def test_the_reference_is_modelopts_own_export(tiny: Path) -> None:
+    """``reference/``: written by ModelOpt's exporter (its provenance says so and names no tool of this project),
+    recorded in ``fixture.json``, laid out as a repo, and without what only this tool's export writes."""
+    from release.inputs.fixture import fixture_reference
+    from release.inputs.reference import MADE_BY, QUANTIZER_BUFFERS
+
+    ref = tiny / "reference"
+    assert fixture_reference(tiny / "source") == ref
+    prov = json.loads((ref / "provenance.json").read_text())
+    assert prov["made_by"] == MADE_BY and "tool" not in prov and "build" not in prov
+    assert prov["source"]["revision"] == json.loads((tiny / "source" / "fixture.json").read_text())["revision"]
+    assert prov["calibration"]["calls"] == 8 * prov["calibration"]["observations"] > 0
+    assert prov["transformations"] and prov["differences"]
+    headers = read_headers(ref / "transformer", "diffusion_pytorch_model.safetensors.index.json")
+    assert headers["layers.0.self_attn.to_q.weight"][0] == "F8_E4M3"
+    assert headers["layers.1.mlp_moe_gen.down_proj.input_scale"][0] == "F32"
+    assert headers["proj_in.weight"][0] == "BF16"  # NVIDIA's BF16 Linears are left out of FP8_DEFAULT_CFG
+    assert not [k for k in headers if k.endswith(QUANTIZER_BUFFERS)]  # what ModelOpt's HF export does not write
+    config = json.loads((ref / "transformer" / "config.json").read_text())["quantization_config"]
+    assert config["quant_method"] == "modelopt" and config["quant_algo"] == "FP8" and "modelopt_config" not in config
+    assert json.loads((ref / "hf_quant_config.json").read_text()) == config
+    for part in ("modelopt_state.pth", "transformer/modelopt_state.pth", "model_index.json", "vae/config.json",
+                 "model.safetensors.index.json"):
+        assert (ref / part).is_file(), part
+

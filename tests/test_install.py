@@ -32,6 +32,7 @@ def test_the_wheel_carries_what_the_commands_read(wheel: Path) -> None:
                 "builds/release.yaml", "builds/rtn.yaml", "builds/pc_rtn.yaml", "builds/autoround_tuned.yaml"):
         assert f"release/_data/{rel}" in names, rel
     assert "release/quantize/recipes/gptq.py" in names and "release/__main__.py" in names
+    assert "release/core/fp8_conformance.json" in names  # the GPU conformance table of the deployed path's bound
     assert not [n for n in names if n.endswith(".mo")]  # catalogs compile in memory on first use
 
 

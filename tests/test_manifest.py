@@ -84,19 +84,20 @@ def test_a_plan_from_the_manifest_needs_no_weights_and_shows_only_what_changed(
 
 def _twenty_two(release_lock: Path, builds: Path, tmp_path: Path) -> Path:
     """A manifest of 22 siblings, as the campaign's 22 builds would make: RTN and 21 copies of its build file (each
-    its own repo), with RTN's files, sidecars and table records; builds/release.yaml lists them all."""
+    its own repo), with RTN's files, sidecars and table records; builds/release.yaml maps them all to repos and has
+    no selection rule, so it delivers them all."""
     lock = json.loads(release_lock.read_text())
     [rtn] = lock["siblings"]
     sidecars = lock["sidecars"]
     tables = json.loads("\n".join(sidecars["tables/tables.json"]["lines"]))
     del sidecars["selection.json"]  # made from the three-build tables
     release = (builds / "release.yaml").read_text()
-    siblings = [f"  - {{build: rtn, repo: {RTN}}}"]
+    siblings = [f"  rtn: {RTN}"]
     for i in range(1, 22):
         name, repo = f"rtn_copy{i:02d}", f"{RTN}-Copy{i:02d}"
         text = (builds / "rtn.yaml").read_text().replace("name: rtn", f"name: {name}", 1)
         (builds / f"{name}.yaml").write_text(text.replace(f"repo: {RTN}", f"repo: {repo}", 1))
-        siblings.append(f"  - {{build: {name}, repo: {repo}}}")
+        siblings.append(f"  {name}: {repo}")
         tables["records"] += [{**r, "build": name} for r in tables["records"] if r["build"] == "rtn"]
         report = json.loads("\n".join(sidecars[f"{RTN}/verification/report.json"]["lines"]))
         data = json.dumps({**report, "build": name, "repo": repo}, indent=2).encode()
@@ -109,9 +110,11 @@ def _twenty_two(release_lock: Path, builds: Path, tmp_path: Path) -> Path:
         lock["siblings"].append({"build": name, "repo": repo, "files": files})
     data = json.dumps(tables, indent=2).encode()
     sidecars["tables/tables.json"] = {"sha256": hashlib.sha256(data).hexdigest(), "lines": data.decode().split("\n")}
-    start = release.index("siblings:\n") + len("siblings:\n")
-    end = release.index("# The joint-position")
-    (builds / "release.yaml").write_text(release[:start] + "\n".join(siblings) + "\n" + release[end:])
+    start = release.index("repos:\n") + len("repos:\n")
+    end = release.index("# A release that delivers otherwise")
+    release = release[:start] + "\n".join(siblings) + "\n" + release[end:]
+    rule = release[release.index("# How the delivered builds were chosen"):release.index("# The campaign")]
+    (builds / "release.yaml").write_text(release.replace(rule, ""))
     out = tmp_path / "release.lock.json"
     out.write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n")
     return out

@@ -12,7 +12,7 @@ from click.testing import Result
 
 from release.core.builds import release_notes
 from release.core.errors import ReleaseError
-from tests.conftest import HUB_TOKEN, invoke
+from tests.conftest import HUB_TOKEN, choose, invoke
 from tests.hub_server import FakeHub
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -190,6 +190,7 @@ def test_three_delivered_repos_pushed_twice_make_one_commit_each(hub: FakeHub, r
     for repo in (RTN, f"{RTN}-SmoothQuant", f"{RTN}-RTN-MovingAvgObserver"):
         shutil.copytree(recipe_builds / repo, dist / repo)
         add_card(dist / repo)
+    choose(dist, ["rtn", "sq_auto", "rtn_mavg"])
     plan = invoke("push", "--dist", dist, "--endpoint", hub.url, "--dry-run")
     assert plan.exit_code == 0 and plan.output.count("will be created") == 3
     for _ in range(2):

@@ -74,7 +74,7 @@ def test_range_shrink_amax_equals_hand_computation(percent: float, momentum: flo
 def test_shrink_percent_out_of_range_is_a_field_error(builds: Path, value: str) -> None:
     path = builds / "rtn_range_shrink.yaml"
     path.write_text(path.read_text().replace("shrink_percent: 0.01", f"shrink_percent: {value}"))
-    with pytest.raises(ReleaseError, match=r"rtn_range_shrink\.yaml:10: field 'calibrator\.shrink_percent'"):
+    with pytest.raises(ReleaseError, match=r"rtn_range_shrink\.yaml:9: field 'calibrator\.shrink_percent'"):
         load_build("rtn_range_shrink")
 
 

@@ -42,6 +42,42 @@ def test_build_verifies_and_writes_reports(rtn_build: Path) -> None:
     assert "| layout | yes |" in md and "common tensors" in md
 
 
+def test_the_fixtures_build_is_verified_against_modelopts_export(rtn_build: Path) -> None:
+    """``release build`` of a tiny fixture's source compares with the fixture's reference (ModelOpt's own export),
+    not with itself, and tolerates exactly what that export writes differently: the 3 quantizer buffers of each
+    of the 28 FP8 Linears, the fields diffusers reads; every other tensor and field is compared."""
+    report = json.loads((rtn_build / "verification" / "report.json").read_text())
+    assert report["reference"] == "reference" and report["status"] == "passed"
+    checks = {c["name"]: c for c in report["checks"]}
+    for name in ("layout", "quantization_config", "modelopt_state"):
+        assert checks[name]["details"]["reference"]["kind"] == "modelopt-export", checks[name]
+        assert checks[name]["summary"].startswith("modelopt-export (ModelOpt's own export, ")
+        assert "self-reference" not in checks[name]["summary"]
+    layout = checks["layout"]["details"]
+    assert layout["tolerated"]["quantizer_buffers"] == 3 * 28 and layout["problems"] == []
+    assert layout["dtype_or_shape_differences"] == [] and set(layout["files_one_side"].values()) == {"tool sidecar"}
+    fields = checks["quantization_config"]["details"]["tolerated"]["build_only_fields"]
+    assert {f.split(": ")[1] for f in fields} == {"quant_type", "modelopt_config", "runtime"}
+    assert "(modelopt-export: ModelOpt's own export" in (rtn_build / "verification" / "report.md").read_text()
+
+
+@pytest.mark.parametrize("itself", [True, False])
+def test_a_self_reference_says_so(itself: bool, rtn_build: Path, tiny: Path, tmp_path: Path) -> None:
+    """Against the build itself, or another build of this tool, the reference checks pass but say "self-reference"
+    in their summaries, details and report.md."""
+    folder = tmp_path / "dist" / rtn_build.name
+    shutil.copytree(rtn_build, folder)
+    code, report = _verify(folder, folder if itself else rtn_build, tiny)
+    assert code == 0, report
+    what = "the build itself" if itself else "build 'rtn' of this tool"
+    for check in report["checks"][:3]:
+        assert check["details"]["reference"] == {"kind": "self-reference", "what": what}, check
+        assert check["summary"].startswith(f"self-reference ({what}): "), check
+    assert all("self-reference" not in c["summary"] for c in report["checks"][3:])
+    assert f"Reference: `{rtn_build.name}` (self-reference: {what})" in \
+        (folder / "verification" / "report.md").read_text()
+
+
 def test_sq_values_undo_the_smoothing(recipe_builds: Path) -> None:
     sq = recipe_builds / "Cosmos3-Nano-Policy-DROID-FP8-SmoothQuant"
     report = json.loads((sq / "verification" / "report.json").read_text())
@@ -50,7 +86,7 @@ def test_sq_values_undo_the_smoothing(recipe_builds: Path) -> None:
     assert values["details"]["folded"] > 0 and "smoothed source weight" in values["summary"]
     layout = next(c for c in report["checks"] if c["name"] == "layout")
     assert layout["details"]["files_one_side"] == {"smoothing_scales.safetensors": "tool sidecar",
-                                                   "builds/rtn.yaml": "tool sidecar",
+                                                   "builds/release.yaml": "tool sidecar",
                                                    "builds/sq_auto.yaml": "tool sidecar"}
 
 

@@ -5,17 +5,68 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from release.check.report import REPORT_DIR, Check, status_of
+from release.check.report import INDEPENDENT, MODELOPT_EXPORT, REPORT_DIR, SELF_REFERENCE, Check, status_of
+from release.core.errors import ReleaseError
+from release.inputs.reference import (
+    DEFAULT_LIST,
+    DIFFUSERS_FIELDS,
+    MADE_BY,
+    NO_BUFFERS,
+    NO_DIFFUSERS_FIELDS,
+    QUANTIZER_BUFFERS,
+    WILDCARD_IGNORE,
+)
 
 TOOL_SIDECARS = ("provenance.json", "smoothing_scales.safetensors", "results/", "builds/")  # results: `release eval`
 DOCUMENTATION = ("README", "LICENSE", ".gitattributes", "forest.png")
 BASE_MODEL_BRANCHES = ("sound_tokenizer/", "audio_")
 SHARD_INDEXES = {"transformer": "diffusion_pytorch_model.safetensors.index.json", "": "model.safetensors.index.json"}
+
+
+@dataclass(frozen=True)
+class ReferenceOrigin:
+    """What the reference is, recorded in the details of each check against it (``details["reference"]``)."""
+
+    kind: str
+    what: str
+
+    def record(self) -> dict[str, str]:
+        return {"kind": self.kind, "what": self.what}
+
+    def label(self, summary: str) -> str:
+        """A check's summary, saying first when the reference is not independent."""
+        return summary if self.kind == INDEPENDENT else f"{self.kind} ({self.what}): {summary}"
+
+
+def reference_origin(folder: Path, reference: Path) -> ReferenceOrigin:
+    """The reference's origin from its ``provenance.json``: this tool writes one in every build (``tool``), the tiny
+    fixture in its ModelOpt export (``made_by``); NVIDIA's checkpoint has none. A provenance.json that is not a JSON
+    object is a one-line error."""
+    if folder.resolve() == reference.resolve():
+        return ReferenceOrigin(SELF_REFERENCE, "the build itself")
+    path = reference / "provenance.json"
+    if not path.is_file():
+        return ReferenceOrigin(INDEPENDENT, "a checkpoint this tool did not make")
+    try:
+        prov = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # invalid JSON or not UTF-8
+        raise ReleaseError(f"{path}: the reference's provenance is not valid JSON ({exc}); pass another --reference "
+                           "or rerun what wrote it") from exc
+    if not isinstance(prov, dict):
+        raise ReleaseError(f"{path}: the reference's provenance is not a JSON object; pass another --reference")
+    if prov.get("made_by") == MADE_BY:
+        version = prov.get("versions", {}).get("modelopt", "?") if isinstance(prov.get("versions"), dict) else "?"
+        return ReferenceOrigin(MODELOPT_EXPORT, f"ModelOpt's own export, {MADE_BY} of ModelOpt {version}")
+    tool = prov.get("tool")
+    if isinstance(tool, dict) and tool.get("name") == "release":
+        return ReferenceOrigin(SELF_REFERENCE, f"build '{prov.get('build', '?')}' of this tool")
+    return ReferenceOrigin(INDEPENDENT, "a checkpoint this tool did not make")
 
 
 def _files(root: Path) -> list[str]:
@@ -56,11 +107,14 @@ def tensor_headers(root: Path, problems: list[str]) -> dict[str, tuple[str, tupl
     return out
 
 
-def check_layout(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static") -> Check:
+def check_layout(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static",
+                 origin: ReferenceOrigin | None = None) -> Check:
     """Tensor names, dtypes and shapes against the reference's, as the build's scheme lays them out (a per-channel
-    build: the reference's per-tensor scales as (out, 1) weight scales, no static input scales)."""
+    build: the reference's per-tensor scales as (out, 1) weight scales, no static input scales). Against ModelOpt's
+    own export the quantizer buffers it does not write are build-only by construction: counted apart, not failed."""
     from release.quantize.recipes import per_channel
 
+    origin = origin or reference_origin(folder, reference)
     problems: list[str] = []
     ours, theirs = tensor_headers(folder, problems), tensor_headers(reference, problems)
     if scheme == per_channel.SCHEME:
@@ -70,6 +124,11 @@ def check_layout(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tens
               f"{theirs[k][0]}{list(theirs[k][1])}" for k in common if ours[k][:2] != theirs[k][:2]]
     only_ours = sorted(set(ours) - set(theirs))
     only_theirs = sorted(set(theirs) - set(ours))
+    tolerated: dict[str, Any] = {}
+    if origin.kind == MODELOPT_EXPORT:
+        buffers = [k for k in only_ours if k.endswith(QUANTIZER_BUFFERS)]
+        only_ours = [k for k in only_ours if k not in set(buffers)]
+        tolerated = {"quantizer_buffers": len(buffers), "why": NO_BUFFERS}
     files_ours, files_theirs = set(_files(folder)), set(_files(reference))
     one_side = {f: _classify(f) for f in sorted(files_ours ^ files_theirs)}
     unexpected = [f"{f} ({'build' if f in files_ours else 'reference'} only)" for f, c in one_side.items()
@@ -83,11 +142,14 @@ def check_layout(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tens
         kinds[c] = kinds.get(c, 0) + 1
     rest = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "nothing else"
     summary = f"{len(common)} common tensors, {len(differ)} dtype or shape differences; on one side only: {rest}"
+    if tolerated:
+        summary += f"; {tolerated['quantizer_buffers']} ModelOpt quantizer buffers in the build only, which " \
+                   "ModelOpt's export does not write"
     if failures:
         summary += f"; first problem: {failures[0]}"
-    return Check("layout", status_of(not failures), summary, {
+    return Check("layout", status_of(not failures), origin.label(summary), {
         "common_tensors": len(common), "dtype_or_shape_differences": differ, "problems": failures,
-        "files_one_side": one_side,
+        "files_one_side": one_side, "reference": origin.record(), **({"tolerated": tolerated} if tolerated else {}),
     })
 
 
@@ -135,21 +197,55 @@ def in_scheme(config: dict[str, Any], scheme: str) -> dict[str, Any]:
     return out
 
 
-def check_quant_configs(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static") -> Check:
+def check_quant_configs(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static",
+                        origin: ReferenceOrigin | None = None) -> Check:
+    """Both quantization configs against the reference's; against ModelOpt's own export the fields only diffusers
+    reads (``DIFFUSERS_FIELDS``, which that export does not write) are left out of the comparison and listed."""
+    origin = origin or reference_origin(folder, reference)
     problems: list[str] = []
     diffs: list[str] = []
+    build_only: list[str] = []
+    ignore: list[str] = []  # files whose ignore lists differ in writing only
     for rel, key in (("transformer/config.json", "quantization_config"), ("hf_quant_config.json", None)):
         ours, theirs = read_checkpoint_json(folder, rel, problems), read_checkpoint_json(reference, rel, problems)
         if key is not None:
             if ours and key not in ours:
                 problems.append(f"{rel}: no '{key}' field")
             ours, theirs = ours.get(key, {}), theirs.get(key, {})
+        if origin.kind == MODELOPT_EXPORT:
+            build_only += [f"{rel}: {k}" for k in DIFFUSERS_FIELDS if k in ours and k not in theirs]
+            ours = {k: v for k, v in ours.items() if k in theirs or k not in DIFFUSERS_FIELDS}
+            if ours.get("ignore") != theirs.get("ignore") and _same_modules(folder, ours, theirs, problems):
+                ignore.append(rel)
+                ours = {**ours, "ignore": theirs["ignore"]}
         diffs += [f"{rel}: {d}" for d in _diff(ours, in_scheme(theirs, scheme))]
     failures = problems + diffs
     same = "identical to the reference's" if scheme == "fp8_w8a8_per_tensor_static" else \
         "identical to the reference's in the per-channel scheme (quant_algo FP8_PER_CHANNEL_PER_TOKEN)"
+    if build_only:
+        same += f" in every field it has; in the build only: {', '.join(build_only)} (diffusers' fields)"
+    if ignore:
+        same += "; ignore written with ModelOpt's wildcards there, covering the same modules"
     summary = same if not failures else f"{len(failures)} differences: {failures[0]}"
-    return Check("quantization_config", status_of(not failures), summary, {"differences": failures})
+    details: dict[str, Any] = {"differences": failures, "reference": origin.record()}
+    if build_only or ignore:
+        details["tolerated"] = {"build_only_fields": build_only, "ignore_written_differently": ignore,
+                                "why": [NO_DIFFUSERS_FIELDS, WILDCARD_IGNORE]}
+    return Check("quantization_config", status_of(not failures), origin.label(summary), details)
+
+
+def _same_modules(folder: Path, ours: dict[str, Any], theirs: dict[str, Any], problems: list[str]) -> bool:
+    """Whether two ``ignore`` lists leave out the same modules of the build's transformer: an entry covers a module
+    it names, its children, or what it matches as a wildcard pattern (ModelOpt's ``time_embedder*``)."""
+    modules = {name.split("/", 1)[1].rsplit(".", 1)[0] for name in tensor_headers(folder, problems)
+               if name.startswith("transformer/")}
+
+    def covered(entries: Any) -> set[str]:
+        patterns = [str(e) for e in entries] if isinstance(entries, list) else []
+        return {m for m in modules if any(m == p or m.startswith(f"{p}.") or fnmatch.fnmatchcase(m, p)
+                                          for p in patterns)}
+
+    return isinstance(ours.get("ignore"), list) and covered(ours["ignore"]) == covered(theirs.get("ignore"))
 
 
 def _flatten(value: Any, path: str, out: dict[str, Any]) -> None:
@@ -186,20 +282,42 @@ def _load_state(path: Path, cache: bool) -> Any:
     return _STATES[key][1]
 
 
-def check_modelopt_states(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static") -> Check:
+QUANTIZER_STATE = ".metadata.quantizer_state."
+
+
+def _disabled(flat: dict[str, Any]) -> set[str]:
+    """The quantizers a flattened ModelOpt state records as disabled."""
+    return {k.split(QUANTIZER_STATE, 1)[1].removesuffix("._disabled") for k, v in flat.items()
+            if QUANTIZER_STATE in k and k.endswith("._disabled") and v is True}
+
+
+def _of_quantizer(key: str, quantizers: set[str]) -> bool:
+    """Whether a flattened state entry belongs to one of ``quantizers``: by its name in the quantizers' metadata, or,
+    for a weight quantizer, by its module's name in the real-quantization metadata."""
+    return any(f"{QUANTIZER_STATE}{q}." in key or f".real_quantizer_state.{q.removesuffix('.weight_quantizer')}." in key
+               for q in quantizers)
+
+
+def check_modelopt_states(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static",
+                          origin: ReferenceOrigin | None = None) -> Check:
     """Both state files against the reference's: the same configurations and entries; in the per-channel scheme the
     entries that scheme sets differently (``per_channel.STATE_DIFFERENCES``) are counted apart, anything else that
-    differs fails."""
+    differs fails. Against ModelOpt's own export the configurations' quantizer lists are written differently
+    (``FP8_DEFAULT_CFG``'s, the build's own): they are left out, and so are the entries of quantizers disabled on
+    both sides (``FP8_DEFAULT_CFG`` sets the FP8 format on quantizers it then disables); every other entry is
+    compared."""
     import modelopt.torch.quantization  # noqa: F401  (registers ModelOpt's classes for weights_only loading)
 
     from release.quantize.recipes import per_channel
 
+    origin = origin or reference_origin(folder, reference)
     allowed = per_channel.STATE_DIFFERENCES if scheme == per_channel.SCHEME else ()
+    own_lists = allowed or origin.kind == MODELOPT_EXPORT  # the quant_cfg lists are not compared
 
     def by_scheme(key: str) -> bool:
         return any(fnmatch.fnmatchcase(key, p) for p in allowed)
 
-    counts, failures = {}, []
+    counts, failures, tolerated = {}, [], 0
     for rel in ("transformer/modelopt_state.pth", "modelopt_state.pth"):
         states = []
         for root in (folder, reference):
@@ -217,7 +335,12 @@ def check_modelopt_states(folder: Path, reference: Path, scheme: str = "fp8_w8a8
         common = set(ours) & set(theirs)
         differ = sorted(k for k in common if not _same(ours[k], theirs[k]))
         one_side = sorted(set(ours) ^ set(theirs))
-        configs = [[(m, {k: v for k, v in (c.get("config") or {}).items() if not (allowed and k == "quant_cfg")})
+        if origin.kind == MODELOPT_EXPORT:  # the lists, and what FP8_DEFAULT_CFG set on quantizers it disabled
+            off = _disabled(ours) & _disabled(theirs)
+            listed = [k for k in differ if k.endswith(".config.quant_cfg") or _of_quantizer(k, off)]
+            tolerated += len(listed)
+            differ = [k for k in differ if k not in set(listed)]
+        configs = [[(m, {k: v for k, v in (c.get("config") or {}).items() if not (own_lists and k == "quant_cfg")})
                     for m, c in state["modelopt_state_dict"]] for state in states]
         if configs[0] != configs[1]:
             failures.append(f"{rel}: ModelOpt configurations differ from the reference's")
@@ -230,5 +353,11 @@ def check_modelopt_states(folder: Path, reference: Path, scheme: str = "fp8_w8a8
     scheme_part = " ({c[scheme]} set by the per-channel scheme)" if allowed else ""
     parts = [f"{c['common']}/{c['build_only']}/{c['reference_only']} common/build-only/reference-only entries, "
              f"{c['differ']} differ{scheme_part.format(c=c)} ({rel})" for rel, c in counts.items()]
+    if origin.kind == MODELOPT_EXPORT:
+        parts.append(f"{tolerated} entries left out: the quantizer list and the format of the quantizers disabled on "
+                     "both sides, which FP8_DEFAULT_CFG writes differently")
     summary = "; ".join(parts) if not failures else f"{failures[0]}"
-    return Check("modelopt_state", status_of(not failures), summary, {"counts": counts, "problems": failures})
+    details: dict[str, Any] = {"counts": counts, "problems": failures, "reference": origin.record()}
+    if origin.kind == MODELOPT_EXPORT:
+        details["tolerated"] = {"entries": tolerated, "why": DEFAULT_LIST}
+    return Check("modelopt_state", status_of(not failures), origin.label(summary), details)

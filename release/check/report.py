@@ -29,6 +29,11 @@ REPORT_FORMAT = "release-verification/2"
 CARD_FILES = ("README.md", "README.*.md", "LICENSE", "forest.*.png")  # what 'release card' writes
 AFTER_VERIFICATION = (*CARD_FILES, "results/*.npz", "results/*.perf.json")
 Status = Literal["passed", "failed", "skipped"]
+# What a reference is, recorded by the checks against it in ``details["reference"]["kind"]``
+# (release.check.layout.reference_origin) and read by the cards.
+SELF_REFERENCE = "self-reference"  # the build itself, or another build of this tool: evidence of nothing independent
+MODELOPT_EXPORT = "modelopt-export"  # ModelOpt's own HF export (the tiny fixture's reference, release.inputs.reference)
+INDEPENDENT = "independent"  # a checkpoint this tool did not make (NVIDIA's Cosmos3-Nano@fp8)
 
 
 @dataclass

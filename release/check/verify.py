@@ -17,9 +17,16 @@ from typing import Any
 
 import torch
 
-from release.check.layout import check_layout, check_modelopt_states, check_quant_configs
+from release.check.layout import (
+    ReferenceOrigin,
+    check_layout,
+    check_modelopt_states,
+    check_quant_configs,
+    reference_origin,
+)
 from release.check.report import (
     AFTER_VERIFICATION,
+    INDEPENDENT,
     REPORT_FORMAT,
     REPORT_JSON,
     REPORT_MD,
@@ -35,6 +42,7 @@ from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, write_json
 from release.core.profile import stage
+from release.inputs.fixture import fixture_reference
 from release.inputs.source import SourceModel, resolve_checkpoint, resolve_source
 
 REFERENCE_BUILD = "rtn"  # NVIDIA's recipe: the reference of the layout checks when no --reference is given
@@ -48,39 +56,44 @@ class VerifyRequest:
     reference: Path | None
     source: Path
     observations: Path | None
+    origin: ReferenceOrigin | None = None  # what the reference is (release.check.layout.reference_origin)
 
     @classmethod
     def create(cls, name: str, dist: Path, reference: str | Path | None, source: str | Path | None,
                observations: Path | None, require_reference: bool = True) -> VerifyRequest:
-        """``require_reference=False`` (after a build): without the RTN build the reference checks are skipped."""
+        """Without ``reference``: the fixture's (ModelOpt's own export, when the source is a tiny fixture), else the
+        RTN build in ``dist`` (a self-reference); ``require_reference=False`` (after a build): without the RTN build
+        the reference checks are skipped."""
         release = load_release()
         build = load_build(name)
         folder = dist / build.repo
         if not folder.is_dir():
             raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
-        ref: Path | None
-        if reference is None:
-            rtn = next((s for s in release.siblings if s.build == REFERENCE_BUILD), None)
-            ref = dist / rtn.repo if rtn is not None else None
+        src = resolve_source(release, source)
+        ref: Path | None = fixture_reference(src) if reference is None else None
+        if reference is None and ref is None:
+            ref = dist / release.repos[REFERENCE_BUILD] if REFERENCE_BUILD in release.repos else None
             if not require_reference and ref is not None and not ref.is_dir():
                 ref = None
             if ref is not None and not ref.is_dir():
                 raise ReleaseError(f"reference {ref} does not exist; pass --reference DIR (NVIDIA's "
                                    "Cosmos3-Nano@fp8, or the RTN build)")
-        else:
+        elif reference is not None:
             ref = resolve_checkpoint(reference, "--reference")
-        src = resolve_source(release, source)
         if observations is None and (src.parent / "observations").is_dir():
             observations = src.parent / "observations"
-        return cls(release, build, folder, ref, src, observations)
+        return cls(release, build, folder, ref, src, observations,
+                   reference_origin(folder, ref) if ref is not None else None)
 
 
 def check_loadable(request: VerifyRequest) -> Check:
-    """The build loads in diffusers with ModelOpt's restore and one policy rollout gives finite actions, with
-    diffusers' default step policy (W8A16 on the first and last steps). A per-channel build cannot run either way:
-    that policy refuses its scales ("requires one tensorwise ModelOpt FP8 weight scale") and ModelOpt has no kernel
-    for a restored per-channel weight with per-token inputs ("self._dequantize is True and self.fake_quant is False");
-    it is rolled out W8A8 on every step through the row-wise FP8 kernel of ``release eval --path deployed``."""
+    """The build loads as the card's Use code loads the published repo (:func:`load_build_transformer`: diffusers
+    with ModelOpt's restore, the folder as the downloaded snapshot; plain Linears holding FP8 weights fail the
+    check) and one policy rollout gives finite actions, with diffusers' default step policy (W8A16 on the first and
+    last steps). A per-channel build cannot run either way: that policy refuses its scales ("requires one tensorwise
+    ModelOpt FP8 weight scale") and ModelOpt has no kernel for a restored per-channel weight with per-token inputs
+    ("self._dequantize is True and self.fake_quant is False"); it is rolled out W8A8 on every step through the
+    row-wise FP8 kernel of ``release eval --path deployed``."""
     from release.core.device import free_memory
     from release.inputs.observations import load_observations, split
     from release.inputs.policy import load_pipeline, rollout
@@ -118,9 +131,10 @@ def _run_checks(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] 
     if request.reference is not None:
         ref = request.reference
         scheme = request.build.scheme
-        runners += [("layout", lambda: check_layout(request.folder, ref, scheme)),
-                    ("quantization_config", lambda: check_quant_configs(request.folder, ref, scheme)),
-                    ("modelopt_state", lambda: check_modelopt_states(request.folder, ref, scheme))]
+        origin = request.origin or reference_origin(request.folder, ref)
+        runners += [("layout", lambda: check_layout(request.folder, ref, scheme, origin)),
+                    ("quantization_config", lambda: check_quant_configs(request.folder, ref, scheme, origin)),
+                    ("modelopt_state", lambda: check_modelopt_states(request.folder, ref, scheme, origin))]
     else:
         checks += [Check(name, "skipped", "skipped: no reference (build 'rtn' into the same folder, or run "
                                           "'release verify --reference DIR')")
@@ -160,8 +174,10 @@ def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | Non
 
 
 def render_markdown(request: VerifyRequest, checks: list[Check]) -> str:
-    ref = request.reference.name if request.reference else "none"
-    lines = [f"# Verification of {request.build.repo}", "", f"Reference: `{ref}`", "", "| Check | Passed | Result |",
+    ref = f"`{request.reference.name}`" if request.reference else "none"
+    if request.reference is not None and request.origin is not None and request.origin.kind != INDEPENDENT:
+        ref += f" ({request.origin.kind}: {request.origin.what})"
+    lines = [f"# Verification of {request.build.repo}", "", f"Reference: {ref}", "", "| Check | Passed | Result |",
              "|---|---|---|"]
     shown = {"passed": "yes", "failed": "NO", "skipped": "skipped"}
     lines += [f"| {c.name} | {shown[c.status]} | {c.summary} |" for c in checks]

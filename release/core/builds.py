@@ -133,7 +133,14 @@ def init_builds(folder: Path) -> list[Path]:
 
 
 def load_release(directory: Path | None = None) -> ReleaseConfig:
-    cfg: ReleaseConfig = _validate(ReleaseConfig, (directory or builds_dir()) / "release.yaml")
+    """``release.yaml``, validated; each build it maps to a repo that has a build file must name the same repo there
+    (the build folder and the Hub repo are one name)."""
+    d = directory or builds_dir()
+    cfg: ReleaseConfig = _validate(ReleaseConfig, d / "release.yaml")
+    for name, repo in cfg.repos.items():
+        if (d / f"{name}.yaml").is_file() and (found := load_build(name, d).repo) != repo:
+            raise ReleaseError(f"{d / 'release.yaml'}: field 'repos.{name}' is {repo!r}, but {d / f'{name}.yaml'} "
+                               f"says repo {found!r}; make them the same")
     return cfg
 
 

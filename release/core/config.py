@@ -70,19 +70,19 @@ def hub_name(value: str, kind: Literal["org", "repo"]) -> str:
     return value
 
 
-class Sibling(_Strict):
-    build: str
-    repo: str
+class Override(_Strict):
+    """A release that delivers otherwise than its selection chose: ``deliver: true`` publishes a build the rule did
+    not choose, ``deliver: false`` withholds one it chose; the reason is printed on the cards."""
 
-    @field_validator("build")
-    @classmethod
-    def _build(cls, v: str) -> str:
-        return _unique_build_names([v], "build")[0]
+    deliver: bool
+    reason: str = Field(min_length=1)
 
-    @field_validator("repo")
+    @field_validator("reason")
     @classmethod
-    def _repo(cls, v: str) -> str:
-        return hub_name(v, "repo")
+    def _one_line(cls, v: str) -> str:
+        if not v.strip() or "\n" in v.strip():
+            raise ValueError("give the reason as one non-empty line (the cards print it)")
+        return v.strip()
 
 
 class PolicySettings(_Strict):
@@ -156,10 +156,16 @@ class ReleaseConfig(_Strict):
     license: License
     org: str
     languages: list[str] = Field(min_length=1)
+    instruction_languages: list[str] = Field(["en"], min_length=1, description="the languages of the model's "
+                                             "inputs (DROID's instructions are English): the Hub's 'language' "
+                                             "metadata; 'languages' are the cards' own")
     library_name: str = Field("cosmos", description="the Hub's library tag: 'cosmos' as the seed card, since the "
                               "Hub's 'diffusers' snippet would skip ModelOpt's restore (builds/release.yaml)")
     tags: list[str] = []
-    siblings: list[Sibling] = Field(min_length=1)
+    repos: dict[str, str] = Field(min_length=1, description="build -> Hub repo name, for every build that may be "
+                                  "delivered; which are delivered is the selection's choice (selection.json)")
+    override: dict[str, Override] = Field({}, description="build -> deliver: true|false and a reason: a release "
+                                          "that delivers otherwise than its selection chose")
     policy: PolicySettings = PolicySettings()
     calibration_labs: list[str] = []
     heldout_labs: list[str] = []
@@ -172,6 +178,29 @@ class ReleaseConfig(_Strict):
     @classmethod
     def _sweep(cls, v: list[str]) -> list[str]:
         return _unique_build_names(v, "sweep")
+
+    @field_validator("repos")
+    @classmethod
+    def _repos(cls, v: dict[str, str]) -> dict[str, str]:
+        _unique_build_names(list(v), "repos")
+        for repo in v.values():
+            hub_name(repo, "repo")
+        twice = next((r for i, r in enumerate(v.values()) if r in list(v.values())[:i]), None)
+        if twice is not None:
+            raise ValueError(f"repo {twice!r} is named for two builds; give each build its own repo")
+        return v
+
+    @model_validator(mode="after")
+    def _deliverable_names(self) -> ReleaseConfig:
+        """Every build the selection may choose, and every override, has a repo to be delivered to."""
+        unmapped = [(f"override.{n}", n) for n in self.override if n not in self.repos]
+        if self.selection is not None:
+            unmapped += [("selection.candidates", n) for n in self.selection.candidates if n not in self.repos]
+        if unmapped:
+            field, name = unmapped[0]
+            raise ValueError(f"'{field}' names {name!r}, which has no repo in 'repos'; add '{name}: REPO' there "
+                             "(a build that may be delivered needs its repo)")
+        return self
 
     @field_validator("version")
     @classmethod
@@ -295,9 +324,16 @@ class BuildConfig(_Strict):
     algorithm_calls: int = Field(32, ge=0)
     gate: Gate = Gate()
     description: Localized = ""
-    delivered: bool = False
     deliverable: bool = Field(True, description="false: a build that NVIDIA's policy server cannot serve; "
                               "'release push' refuses it")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_delivered(cls, v: Any) -> Any:
+        if isinstance(v, dict) and "delivered" in v:
+            raise ValueError("field 'delivered' is gone: the delivered builds are the ones 'release select' chooses "
+                             "(selection.json), or an 'override' in release.yaml; remove the field")
+        return v
 
     @field_validator("recipe", mode="before")
     @classmethod
@@ -343,9 +379,6 @@ class BuildConfig(_Strict):
         if self.scheme == "fp8_per_channel_per_token" and self.calibrator.method != "max":
             raise ValueError("scheme 'fp8_per_channel_per_token' quantizes activations per token at run time: "
                              "there are no static input scales to calibrate; use calibrator method 'max'")
-        if self.delivered and not self.deliverable:
-            raise ValueError("'delivered: true' with 'deliverable: false'; a build that cannot be served cannot be "
-                             "one of the release's repos")
         return self
 
     def text(self, field: Literal["title", "description"], lang: str = "en") -> str:

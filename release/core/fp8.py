@@ -22,12 +22,6 @@ def qdq(t: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     return (t.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * scale
 
 
-# The K of the GEMMs the model does not reproduce (bench/fp8_conformance.py on an H200, BENCHMARKS.md): there cuBLAS
-# sums in an order not modelled and nearly every output differs; the other 50 of 60 random shapes (K 240 to 5,744,
-# every data kind) and every recorded shape of the Nano's GEMMs (K 4,096 and 12,288) are bit-exact.
-UNMODELLED_K = (5184, 5984)
-
-
 def weight_codes(weight: torch.Tensor, amax: torch.Tensor, arithmetic: str,
                  device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 codes and scale of one weight, as ModelOpt's compress (``w / (amax / 448)``) makes them on a CPU or CUDA;
@@ -89,8 +83,11 @@ def _pow2(n: torch.Tensor) -> torch.Tensor:
 
 
 # (M, N, K) -> the K parts cuBLAS used on an H200 (torch 2.11, CUDA 13) for the shapes recorded with
-# bench/gpu_subnormal_record.py; K <= 4096 never split there. Other shapes are modelled unsplit.
-SPLIT_K = {(64, 256, 8192): 3, (64, 256, 12288): 4, (32, 256, 12288): 4, (64, 128, 12288): 4, (16, 128, 16384): 6}
+# bench/gpu_subnormal_record.py and bench/fp8_conformance.py (M = 3 and 17 tokens at the Nano's down_proj width;
+# M = 48 and 128 there, and every shape of the Nano's rollouts, are unsplit); K <= 4096 never split there. Other
+# shapes are modelled unsplit: release/core/fp8_conformance.json says which shapes were verified on a GPU.
+SPLIT_K = {(64, 256, 8192): 3, (64, 256, 12288): 4, (32, 256, 12288): 4, (64, 128, 12288): 4, (16, 128, 16384): 6,
+           (3, 4096, 12288): 2, (17, 4096, 12288): 2}
 
 
 def hopper_accumulate(a: torch.Tensor, b: torch.Tensor, max_elements: int = 1 << 22,

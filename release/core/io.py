@@ -280,3 +280,18 @@ def build_date() -> str:
         raise ReleaseError(f"SOURCE_DATE_EPOCH={epoch!r}: must be whole seconds since 1970 (e.g. $(date +%s))")
     when = datetime.fromtimestamp(int(epoch), UTC) if epoch else datetime.now(UTC)
     return when.replace(microsecond=0).isoformat()
+
+
+def canonical_modelopt_state(state: dict[str, Any]) -> dict[str, Any]:
+    """ModelOpt's state with each quantizer's properties in sorted order, so that the same build pickles the same.
+
+    ModelOpt collects a quantizer's properties from a set difference of attribute names
+    (``TensorQuantizer._get_properties_for_modelopt_state``): their order follows Python's string hashing, which
+    changes with every process (``PYTHONHASHSEED``). Restoring sets them by name, so the order carries nothing.
+    """
+    for _, mode in state["modelopt_state_dict"]:
+        for key in ("quantizer_state", "real_quantizer_state"):
+            per_quantizer = mode["metadata"].get(key, {})
+            for name, properties in per_quantizer.items():
+                per_quantizer[name] = dict(sorted(properties.items()))
+    return state

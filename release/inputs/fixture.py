@@ -3,13 +3,15 @@
 The checkpoint is the diffusers folder layout of ``nvidia/Cosmos3-Nano-Policy-DROID`` built from the real
 ``Cosmos3OmniTransformer`` class with a tiny config and weights from a fixed seed, so every later stage runs the
 same code as on the 15.7B model; ``nano`` writes the 15.7B model's own sizes with random weights, for speed and scale
-runs on a GPU. Its revision is a content hash of the files.
+runs on a GPU. Its revision is a content hash of the files. The tiny fixture also holds a reference FP8 checkpoint
+of its source made by ModelOpt's own export (:mod:`release.inputs.reference`), recorded in ``fixture.json``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,9 @@ from typing import Any
 import torch
 
 from release.core.errors import ReleaseError
-from release.core.io import atomic_dir, output_folder, sha256_file, write_json
+from release.core.io import atomic_dir, output_folder, read_json, sha256_file, write_json
 from release.inputs.observations import LABS, write_observations
+from release.inputs.reference import REFERENCE_DIR, write_reference
 
 # diffusers' Cosmos3OmniTransformer at a size a 2-core CPU runs in milliseconds (domain notes §9).
 TINY_TRANSFORMER = dict(
@@ -126,7 +129,9 @@ def content_revision(root: Path) -> str:
 
 def write_fixture(out: Path, size: str = "tiny", seed: int = 0, n_obs: int = 32,
                   heldout: int = 16) -> dict[str, str]:
-    """Write ``out/source`` (checkpoint) and ``out/observations`` (observation set); return their paths."""
+    """Write ``out/source`` (checkpoint), ``out/observations`` (observation set) and, for the tiny size,
+    ``out/reference`` (ModelOpt's own FP8 export of the source, :mod:`release.inputs.reference`); return their
+    paths."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
 
     from release.inputs.policy import JointPositionPolicyPipeline, instruction_corpus
@@ -158,9 +163,30 @@ def write_fixture(out: Path, size: str = "tiny", seed: int = 0, n_obs: int = 32,
         write_json(src / "model_index.json", {**index, "_class_name": "Cosmos3OmniPipeline"})  # the base repo's class
         _write_root_files(src)
         revision = content_revision(src)
-        write_json(src / "fixture.json", {"generator": f"release fixture {size}", "seed": seed, "revision": revision})
         write_observations(tmp / "observations", n=n_obs, seed=seed, labs=LABS, heldout=heldout)
-    return {"source": str(out / "source"), "observations": str(out / "observations"), "revision": revision}
+        record: dict[str, Any] = {"generator": f"release fixture {size}", "seed": seed, "revision": revision}
+        if size == "tiny":  # the Nano's would take another GPU calibration and 16 GB
+            write_reference(tmp / REFERENCE_DIR, src, tmp / "observations", record["generator"], revision)
+            record["reference"] = f"../{REFERENCE_DIR}"
+        write_json(src / "fixture.json", record)
+    paths = {"source": str(out / "source"), "observations": str(out / "observations"), "revision": revision}
+    return {**paths, "reference": str(out / REFERENCE_DIR)} if "reference" in record else paths
+
+
+def fixture_reference(source: Path) -> Path | None:
+    """The reference checkpoint a fixture recorded for ``source`` (``fixture.json``'s ``reference``, relative to the
+    source: ModelOpt's own export, :mod:`release.inputs.reference`), or None for any other source."""
+    path = source / "fixture.json"
+    if not path.is_file():
+        return None
+    recorded = read_json(path, "the fixture's record", "release fixture").get("reference")
+    if recorded is None:
+        return None
+    reference = Path(os.path.normpath(source / str(recorded)))
+    if not (reference / "provenance.json").is_file():
+        raise ReleaseError(f"{path}: field 'reference' names {reference}, which holds no reference checkpoint; "
+                           "rerun 'release fixture' or pass --reference DIR")
+    return reference
 
 
 def _write_root_files(src: Path) -> None:

@@ -249,6 +249,18 @@ def action_stats(ds: Dataset) -> tuple[list[float], str]:
         f"meta/episodes_stats.jsonl: {ACTION} std pooled over {len(rows)} episodes"
 
 
+def hub_id(dataset: Path) -> str | None:
+    """The dataset's Hub id where its folder says it: a Hugging Face cache snapshot
+    (``datasets--ORG--NAME/snapshots/REV``) or LeRobot's own cache (``HF_LEROBOT_HOME/ORG/NAME``); else None."""
+    root = dataset.resolve()
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith("datasets--"):
+        parts = root.parent.parent.name.split("--")
+        return "/".join(parts[1:]) if len(parts) == 3 else None
+    if root.parent.parent.name == "lerobot":
+        return f"{root.parent.name}/{root.name}"
+    return None
+
+
 def import_lerobot(dataset: Path, out: Path, labs: list[str], per_lab: int, seed: int) -> Path:
     """Write an observation set (``release-droid-obs/1``) of ``per_lab`` frames of each of ``labs`` to ``out``,
     with ``action_stats.json`` from the dataset's statistics; nothing is written if any part fails."""
@@ -283,7 +295,8 @@ def import_lerobot(dataset: Path, out: Path, labs: list[str], per_lab: int, seed
         write_json(tmp / "action_stats.json", {"sigma": sigma, "note": f"{dataset.name}, {stats_source}"})
         write_json(tmp / "index.json", {
             "format": FORMAT, "count": len(lines), "cameras": CAMERAS, "seed": seed, "image_size": list(size or ()),
-            "source": {"dataset": dataset.name, "codebase_version": ds.version, "fps": ds.fps, "per_lab": per_lab,
+            "source": {"dataset": dataset.name, "repo_id": hub_id(dataset), "codebase_version": ds.version,
+                       "fps": ds.fps, "per_lab": per_lab,
                        "labs": labs, "cameras": CAMERA_KEYS, "state": STATE, "lab_field": LAB,
                        "action_stats": stats_source}})
     return out

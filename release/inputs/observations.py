@@ -250,6 +250,14 @@ def action_sigma(folder: Path, name: str, dims: int) -> np.ndarray:
     return sigma
 
 
+def dataset_id(folder: Path) -> str | None:
+    """The Hub id of the dataset an observation set was imported from (``source.repo_id`` of its index, written by
+    ``release observations import-lerobot``), or None (generated, or a dataset the import could not name)."""
+    source = _read_index(folder).get("source")
+    repo_id = source.get("repo_id") if isinstance(source, dict) else None
+    return repo_id if isinstance(repo_id, str) else None
+
+
 def observation_set_digest(folder: Path) -> str:
     """The set's identity in cache keys: the sha256 over every file's path and content."""
     h = hashlib.sha256()

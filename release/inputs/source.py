@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -165,6 +166,22 @@ def read_headers(folder: Path, index_name: str) -> dict[str, tuple[str, tuple[in
         except Exception as exc:  # safetensors raises its own error types for corrupt headers
             raise ReleaseError(f"{path}: unreadable safetensors header ({exc}); the file is corrupt") from exc
     return out
+
+
+def source_license(source: Path) -> dict[str, str] | None:
+    """The source's ``LICENSE`` (beside ``model_index.json``) as its exact text and sha256, for the cards to copy
+    verbatim; None when the source has none. A link or a file that is not UTF-8 text is a one-line error."""
+    path = source / "LICENSE"
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ReleaseError(f"{path}: not a regular file; put the license text itself there")
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ReleaseError(f"{path}: not UTF-8 text; save the license as UTF-8") from exc
+    return {"file": "LICENSE", "sha256": hashlib.sha256(data).hexdigest(), "text": text}
 
 
 def check_architecture(source: Path) -> dict[str, object]:

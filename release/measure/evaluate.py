@@ -3,8 +3,9 @@
 Paths: ``fakequant`` (the source with ModelOpt fake quantization at the build's scales), ``deployed`` (the exported
 build through diffusers: ModelOpt's FP8 GEMM on CUDA, an emulation of its arithmetic on a CPU) and ``served``
 (results imported from a policy server). Every path stores ``results/<path>-<split>.npz`` in the build folder:
-``reference`` and ``candidate`` [N, chunk, 8], ``obs_ids``, ``seeds``, ``labs``. Yardsticks (BF16 eager vs
-``torch.compile``; one noise seed vs others) go to ``<dist>/yardsticks/``.
+``reference`` and ``candidate`` [N, chunk, 8], ``obs_ids``, ``seeds``, ``labs``, and ``computed``: how the
+candidate was computed (``computation``: device, torch and CUDA versions, the FP8 GEMM kernel and the GEMM shapes).
+Yardsticks (BF16 eager vs ``torch.compile``; one noise seed vs others) go to ``<dist>/yardsticks/``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ Path_ = Literal["fakequant", "deployed", "served"]
 Split = Literal["calibration", "validation", "all"]
 RESULTS = "results"
 PERF = ".perf.json"  # beside a cached rollout or a results file: latency and peak GPU memory
+HOW = ".how.json"  # beside a cached rollout: the machine, versions, FP8 GEMM kernel and GEMM shapes it ran with
+SERVED = "policy-server"  # the kernel of imported results: the server's, not recorded here
 YARDSTICKS = "yardsticks"
 SEEDS_YARDSTICK = (4, 4)  # observations x seeds
 EMULATION = "fp8-gemm-emulation/5"  # fp32 input quotient; Hopper's fast-accumulation arithmetic (zero codes); row-wise
@@ -167,16 +170,23 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
 
     paths = _rollout_paths(request, label, observations, seeds)
     paths[0].parent.mkdir(parents=True, exist_ok=True)
-    todo = world().share([i for i, p in enumerate(paths) if not p.is_file()])
+    # a rollout cached without its record of how it ran (an older release eval) runs again
+    todo = world().share([i for i, p in enumerate(paths) if not (p.is_file() and p.with_suffix(HOW).is_file())])
     if todo:
         with stage("eval: load the policy"):
             pipe = load_pipeline(request.source, request.release.policy, transformer=make_transformer())
+        gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
         with Progress(transient=True) as progress:
             task = progress.add_task(f"{world().tag}rollouts: {label}", total=len(todo))
             for i in todo:
                 settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
+                if gemms is not None:
+                    gemms.shapes.clear()
                 with stage(f"eval: rollouts {label.split(':')[0]}") as measure:
                     actions = rollout(pipe, observations[i], settings, **pipe_kwargs)
+                write_json(paths[i].with_suffix(HOW), {
+                    **machine(), "kernel": None if gemms is None else gemms.kernel,
+                    "gemm_shapes": [] if gemms is None else sorted(gemms.shapes)})
                 if measure.peak_bytes is not None:  # before the actions: cached actions on a GPU have their figures
                     write_json(paths[i].with_suffix(PERF), {"seconds": measure.seconds, "peak_bytes":
                                                             measure.peak_bytes, "device": device_name()})
@@ -187,6 +197,37 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
         free_memory()  # before the next path's model is placed
     world().barrier()
     return np.stack([np.load(p) for p in paths])
+
+
+def machine() -> dict[str, str | None]:
+    """The device models ran on (its name, or "cpu") and the torch and CUDA versions."""
+    return {"device": device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}
+
+
+def computation(request: EvalRequest, label: str, observations: list[Observation], seeds: list[int]
+                ) -> dict[str, Any]:
+    """How the rollouts of ``label`` were computed, from the records kept beside them: the device, torch and CUDA
+    versions, the FP8 GEMM kernel (``release.quantize.load``: ModelOpt's, eager ``torch._scaled_mm`` or the
+    emulation; None without FP8 GEMMs) and every (M, N, K) GEMM shape they ran. Rollouts cached from different
+    machines or kernels are refused: a results file holds one computation."""
+    import json
+
+    paths = [p.with_suffix(HOW) for p in _rollout_paths(request, label, observations, seeds)]
+    records = []
+    for path in paths:
+        try:
+            records.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            raise ReleaseError(f"{path}: not a rollout record ({type(exc).__name__}); delete it and rerun release "
+                               "eval (that rollout runs again)") from exc
+    kinds = {(r.get("device"), r.get("torch"), r.get("cuda"), r.get("kernel")) for r in records}
+    if len(kinds) != 1:
+        raise ReleaseError(f"{paths[0].parent}: the cached rollouts of {label.split(':')[0]} ran on different "
+                           f"machines or kernels {sorted(map(str, kinds))}; delete that folder and rerun release eval")
+    device, torch_version, cuda, kernel = kinds.pop()
+    shapes = sorted({tuple(s) for r in records for s in r.get("gemm_shapes", [])})
+    return {"device": device, "torch": torch_version, "cuda": cuda, "kernel": kernel,
+            "gemm_shapes": [list(s) for s in shapes]}
 
 
 def performance(request: EvalRequest, label: str, observations: list[Observation],
@@ -221,9 +262,11 @@ def _timing(path: Path) -> dict[str, Any]:
 
 
 def save_results(path: Path, reference: np.ndarray, candidate: np.ndarray, observations: list[Observation],
-                 seeds: list[int], sigma: np.ndarray) -> None:
-    """The action chunks with each observation's metrics (domain notes §5); ``release tables`` adds the intervals."""
+                 seeds: list[int], sigma: np.ndarray, computed: dict[str, Any]) -> None:
+    """The action chunks with each observation's metrics (domain notes §5) and how the candidate was computed
+    (``computation``, as JSON); ``release tables`` adds the intervals."""
     import io
+    import json
 
     from release.core.distributed import world
     from release.measure.stats import JOINTS, per_observation
@@ -235,7 +278,8 @@ def save_results(path: Path, reference: np.ndarray, candidate: np.ndarray, obser
     np.savez(buf, reference=reference, candidate=candidate, obs_ids=np.array([o.obs_id for o in observations]),
              seeds=np.array(seeds), labs=np.array([o.lab for o in observations]), sigma=sigma,
              overall_sigma=np.sqrt(po.sq_err / (po.steps * po.dims)), joint_mae_deg=po.abs_joint_deg / (
-                 po.steps * JOINTS), gripper_agree=po.grip_agree.astype(np.int64), max_err_sigma=po.max_err)
+                 po.steps * JOINTS), gripper_agree=po.grip_agree.astype(np.int64), max_err_sigma=po.max_err,
+             computed=np.array(json.dumps(computed, sort_keys=True)))
     atomic_write(path, buf.getvalue())
 
 
@@ -304,10 +348,11 @@ def run_eval(request: EvalRequest) -> list[Path]:
             candidate = rollouts(request, label, functools.partial(deployed_transformer, subject.checkpoint), obs,
                                  seeds, deployed_kwargs)
         out = subject.results / RESULTS / f"{request.path}-{request.split}.npz"
-        save_results(out, reference, candidate, obs, seeds, sigma)
+        computed = computation(request, label, obs, seeds)
+        save_results(out, reference, candidate, obs, seeds, sigma, computed)
         speed = {"bf16": performance(request, "bf16", obs, seeds), "build": performance(request, label, obs, seeds)}
         if world().main and None not in speed.values():  # rollouts on a GPU: their latency and memory beside them
-            write_json(out.with_suffix(PERF), speed)
+            write_json(out.with_suffix(PERF), {**speed, "computed": computed})
         elif world().main:
             out.with_suffix(PERF).unlink(missing_ok=True)  # an earlier run's figures are not these results'
         if subject.revision is not None and world().main:  # what 'release tables' needs to score it
@@ -334,14 +379,16 @@ def run_yardsticks(request: EvalRequest, obs: list[Observation], reference: np.n
 
     compiled_actions = rollouts(request, "bf16-compile", compiled, obs, seeds, {})
     out = request.dist / YARDSTICKS
-    save_results(out / f"compile-{request.split}.npz", reference, compiled_actions, obs, seeds, sigma)
+    save_results(out / f"compile-{request.split}.npz", reference, compiled_actions, obs, seeds, sigma,
+                 computation(request, "bf16-compile", obs, seeds))
     n_obs, n_seeds = SEEDS_YARDSTICK
     few = obs[:n_obs]
     pairs = [o for o in few for _ in range(n_seeds)]
     other = [policy.noise_seed + 1 + k for _ in few for k in range(n_seeds)]
     base = rollouts(request, "bf16", lambda: None, pairs, [policy.noise_seed] * len(pairs), {})
     varied = rollouts(request, "bf16", lambda: None, pairs, other, {})
-    save_results(out / f"seed-{request.split}.npz", base, varied, pairs, other, sigma)
+    save_results(out / f"seed-{request.split}.npz", base, varied, pairs, other, sigma,
+                 computation(request, "bf16", pairs, other))
     return [out / f"compile-{request.split}.npz", out / f"seed-{request.split}.npz"]
 
 
@@ -402,5 +449,6 @@ def import_served(name: str, file: Path, dist: Path, observations: Path | None, 
                            "observation set")
     sigma = data["sigma"] if "sigma" in data else action_sigma(obs_folder, release.action_stats, dims)
     out = folder / RESULTS / "served-all.npz"
-    save_results(out, ref, cand, [known[i] for i in ids], seeds, sigma)
+    save_results(out, ref, cand, [known[i] for i in ids], seeds, sigma,  # computed by the server: its kernel alone
+                 {"device": None, "torch": None, "cuda": None, "kernel": SERVED, "gemm_shapes": []})
     return out

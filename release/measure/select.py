@@ -20,8 +20,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from release.core.builds import load_build, load_release
-from release.core.config import Selection, builds_dir
-from release.core.errors import ReleaseError
+from release.core.config import Override, ReleaseConfig, Selection, builds_dir
+from release.core.errors import GateError, ReleaseError
 from release.core.io import build_date, output_folder, read_json, sha256_file, write_json
 from release.measure.stats import gate_failures
 
@@ -210,6 +210,7 @@ def rank(rule: Selection, records: list[dict[str, Any]], path: Path) -> tuple[li
 
 @dataclass(frozen=True)
 class SelectRequest:
+    release: ReleaseConfig
     rule: Selection
     tables: Path
     out: Path
@@ -221,7 +222,7 @@ class SelectRequest:
             raise ReleaseError(f"{builds_dir() / 'release.yaml'}: no 'selection' section; add one (candidates, path, "
                                "split, tie_break, always, count: see the README) to use 'release select'")
         output_folder(dist, "--dist")
-        return cls(release.selection, dist / TABLES, dist / SELECTION)
+        return cls(release, release.selection, dist / TABLES, dist / SELECTION)
 
 
 def run_select(request: SelectRequest) -> SelectionDoc:
@@ -233,6 +234,51 @@ def run_select(request: SelectRequest) -> SelectionDoc:
                        tables_sha256=sha256_file(request.tables), candidates=candidates, chosen=chosen)
     write_json(request.out, doc.model_dump(mode="json"))
     return doc
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What the release delivers: the builds its selection chose, less those an ``override`` withholds, plus those
+    an override delivers; each with why (``chosen`` by the rule, or the override's reason). Without ``selection.json``
+    only the rule's ``always`` builds are known to be chosen."""
+
+    builds: list[str]
+    chosen: list[str]
+    overrides: dict[str, Override]
+    selected: bool  # False: no selection.json yet, so only the rule's 'always' builds count as chosen
+
+
+def delivery(release: ReleaseConfig, doc: SelectionDoc | None) -> Delivery:
+    """The delivered builds of ``release`` given its selection (``doc``); an override that changes nothing (it
+    delivers a chosen build, or withholds one that was not chosen) is a one-line error, since the cards would
+    print a reason for nothing."""
+    rule = release.selection
+    if rule is None:  # no rule: the release delivers every build it names a repo for
+        chosen = list(release.repos)
+    else:
+        chosen = list(doc.chosen) if doc is not None else list(rule.always)
+    for name, o in release.override.items():
+        known = doc is not None or rule is None  # else a build not chosen yet may still be chosen by rank
+        if (o.deliver and name in chosen) or (known and not o.deliver and name not in chosen):
+            state = "chose" if o.deliver else "did not choose"
+            raise GateError(f"{builds_dir() / 'release.yaml'}: 'override.{name}' has deliver: "
+                            f"{str(o.deliver).lower()}, but the selection {state} {name!r} (chosen: "
+                            f"{', '.join(chosen) or 'none'}); remove the override")
+    withheld = {n for n, o in release.override.items() if not o.deliver}
+    builds = [n for n in chosen if n not in withheld]
+    builds += [n for n, o in release.override.items() if o.deliver and n not in builds]
+    return Delivery(builds, chosen, dict(release.override), doc is not None or rule is None)
+
+
+def check_delivered(wanted: list[str], have: Delivery, command: str) -> None:
+    """``wanted`` (what ``command`` was asked to publish) must be delivered builds: exit 1, naming both sets."""
+    outside = [n for n in wanted if n not in have.builds]
+    if outside:
+        why = "" if have.selected else " (no selection.json yet: run 'release select' for the builds it chooses)"
+        raise GateError(f"{command} refused: asked for {', '.join(outside)}, but the release delivers "
+                        f"{', '.join(have.builds) or 'nothing'}{why}; publish the selection's choice, or add "
+                        f"'override: {{{outside[0]}: {{deliver: true, reason: ...}}}}' to "
+                        f"{builds_dir() / 'release.yaml'}")
 
 
 def ranking_table(doc: SelectionDoc) -> Any:

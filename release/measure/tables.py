@@ -74,6 +74,7 @@ class Result:
     split: str
     per_obs: PerObservation
     file: Path
+    computed: dict[str, Any]
 
 
 RESULT_ARRAYS = ("reference", "candidate", "obs_ids", "sigma")
@@ -126,6 +127,32 @@ def read_results(file: Path, dims: int) -> PerObservation:
     return po
 
 
+COMPUTED = ("device", "torch", "cuda", "kernel", "gemm_shapes")
+
+
+def read_computed(file: Path) -> dict[str, Any]:
+    """How a results file's candidate was computed, as ``release eval`` records it (device, torch and CUDA versions,
+    the FP8 GEMM kernel, the GEMM shapes). A file without that record, written by an older ``release eval``, is
+    refused: the tables and cards state how every row was computed, and cannot for it."""
+    import json
+
+    with np.load(file, allow_pickle=False) as data:
+        raw = str(data["computed"]) if "computed" in data.files else None
+    fix = "rerun 'release eval' (or 'release import-served') to rewrite it"
+    if raw is None:
+        raise ReleaseError(f"{file}: does not record how it was computed (device, torch and CUDA versions, FP8 GEMM "
+                           f"kernel: written by an older release eval); {fix}")
+    try:
+        doc = json.loads(raw)
+        shapes = [[int(v) for v in s] for s in doc["gemm_shapes"]]
+        if not all(k in doc for k in COMPUTED) or not all(len(s) == 3 for s in shapes):
+            raise ValueError("a field is missing")
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ReleaseError(f"{file}: 'computed' is not the record release eval writes ({', '.join(COMPUTED)}); "
+                           f"{fix}") from exc
+    return {k: doc[k] for k in COMPUTED} | {"gemm_shapes": shapes}
+
+
 def read_speed(file: Path) -> dict[str, Any] | None:
     """The rollout latency and peak GPU memory that ``release eval`` on a GPU wrote beside the results ``file``,
     BF16's and the build's (None when the rollouts ran on a CPU)."""
@@ -154,13 +181,13 @@ def load_results(folder: Path, build: BuildConfig, dims: int) -> list[Result]:
     for file in sorted((folder / RESULTS).glob("*.npz")):
         m = RESULT_FILE.match(file.name)
         if m:
-            out.append(Result(build, m.group(1), m.group(2), read_results(file, dims), file))
+            out.append(Result(build, m.group(1), m.group(2), read_results(file, dims), file, read_computed(file)))
     return out
 
 
-def _yardstick(dist: Path, kind: str, split: str, dims: int) -> PerObservation | None:
+def _yardstick(dist: Path, kind: str, split: str, dims: int) -> tuple[PerObservation, dict[str, Any]] | None:
     path = dist / YARDSTICKS / f"{kind}-{split}.npz"
-    return read_results(path, dims) if path.is_file() else None
+    return (read_results(path, dims), read_computed(path)) if path.is_file() else None
 
 
 def comparison_families(request: TablesRequest) -> Counter[tuple[str, str]]:
@@ -205,18 +232,18 @@ def build_tables(request: TablesRequest) -> tuple[list[dict[str, Any]], dict[str
 
     def x_compile(s: Summary, split: str) -> float | None:
         compile_ys = yardsticks[("compile", split)]
-        return None if compile_ys is None else ratio(s.overall_sigma, float(overall(compile_ys)))
+        return None if compile_ys is None else ratio(s.overall_sigma, float(overall(compile_ys[0])))
 
     records: list[dict[str, Any]] = []
     attributions: list[dict[str, Any]] = []
     for r in results:
         s = summarize(r.per_obs, counts(r.per_obs))
-        record: dict[str, Any] = {"build": r.build.name, "title": r.build.text("title"), "delivered": r.build.delivered,
+        record: dict[str, Any] = {"build": r.build.name, "title": r.build.text("title"),
                                   "scheme": r.build.scheme, "path": r.path, "split": r.split, **asdict(s),
                                   **concentration(r.per_obs),
                                   "x_eager_vs_compile": x_compile(s, r.split),
                                   "gate": gate(s, r.build.gate.overall_sigma, r.build.gate.gripper_change_rate),
-                                  "speed": read_speed(r.file), **_comparison(None)}
+                                  "speed": read_speed(r.file), "computed": r.computed, **_comparison(None)}
         base = baselines.get((r.path, r.split))
         if base is not None and r.build.name != request.baseline:
             if not np.array_equal(base.per_obs.obs_ids, r.per_obs.obs_ids):
@@ -231,12 +258,14 @@ def build_tables(request: TablesRequest) -> tuple[list[dict[str, Any]], dict[str
     for split in splits:
         for kind, title in (("compile", "BF16 eager vs BF16 torch.compile (yardstick)"),
                             ("seed", "BF16 seed vs BF16 other seed (yardstick)")):
-            ys = yardsticks[(kind, split)]
-            if ys is not None:
+            found = yardsticks[(kind, split)]
+            if found is not None:
+                ys, computed = found
                 s = summarize(ys, counts(ys))
-                records.append({"build": f"yardstick-{kind}", "title": title, "delivered": False,
+                records.append({"build": f"yardstick-{kind}", "title": title,
                                 "scheme": None, "path": "yardstick", "split": split, **asdict(s), "gate": None,
-                                "x_eager_vs_compile": x_compile(s, split), **_comparison(None)})
+                                "x_eager_vs_compile": x_compile(s, split), "computed": computed,
+                                **_comparison(None)})
     if not records:
         raise ReleaseError(f"{request.dist}: no result files; run 'release eval' first")
     measured = [r for r in records if r["path"] != "yardstick"]

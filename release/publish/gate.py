@@ -12,6 +12,7 @@ from release.check.report import REPORT_JSON, Report, after_verification, build_
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig, builds_dir
 from release.core.errors import GateError, ReleaseError
+from release.measure.select import check_delivered, delivery, read_selection
 from release.publish.hashing import HashCache
 from release.publish.scan import secret_name, structured_secret
 
@@ -35,13 +36,16 @@ def gate_or_force(repo: str, verified: tuple[Report, str] | None, force: str | N
 
 def verified_builds(names: tuple[str, ...], dist: Path, force: str | None,
                     command: str) -> tuple[ReleaseConfig, list[BuildConfig], Reports]:
-    """The named builds (default: the siblings of release.yaml built in ``dist``), each deliverable, with its
-    verification report, past the gate (unless ``force``; ``command`` is named in the refusal) and with its
-    card."""
+    """The named builds (default: the builds the release delivers, as its selection in ``dist`` chose, that are
+    built there), each delivered, deliverable, with its verification report, past the gate (unless ``force``;
+    ``command`` is named in the refusal) and with its card."""
     release = load_release()
-    wanted = list(names) or [s.build for s in release.siblings if (dist / load_build(s.build).repo).is_dir()]
+    have = delivery(release, read_selection(dist))
+    wanted = list(names) or [n for n in have.builds if (dist / release.repos[n]).is_dir()]
     if not wanted:
-        raise ReleaseError(f"{dist}: no built repos to push; run 'release build NAME' first")
+        raise ReleaseError(f"{dist}: none of the builds the release delivers ({', '.join(have.builds) or 'none'}) is "
+                           "built there; run 'release build NAME' (and 'release select', which chooses them)")
+    check_delivered(wanted, have, command)
     builds = [load_build(n) for n in wanted]
     refuse_undeliverable(builds)
     reports: Reports = {}

@@ -34,7 +34,7 @@ from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BUILD_NAME, BuildConfig, ReleaseConfig, builds_dir, hub_name
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, output_folder, write_json
-from release.measure.select import SELECTION, TABLES, read_tables_doc
+from release.measure.select import SELECTION, TABLES, SelectionDoc, check_delivered, delivery, read_tables_doc
 from release.publish.gate import (
     Reports,
     check_verified,
@@ -214,14 +214,17 @@ def load_lock(path: Path) -> Lock:
 
 def locked_builds(lock: Lock, path: Path, names: tuple[str, ...],
                   force: str | None) -> tuple[ReleaseConfig, list[BuildConfig], Reports]:
-    """The named builds (default: the siblings of release.yaml that the manifest holds), each deliverable, its
-    verification report (the manifest's sidecar) past the gate unless ``force``."""
+    """The named builds (default: every build the release delivers, as the manifest's selection chose), each
+    delivered, deliverable, its verification report (the manifest's sidecar) past the gate unless ``force``."""
     release = load_release()
     by_repo = {s.repo: (i, s) for i, s in enumerate(lock.siblings)}
-    wanted = list(names) or [s.build for s in release.siblings if load_build(s.build).repo in by_repo]
+    have = delivery(release, _locked_selection(lock, path))
+    wanted = list(names) or [n for n in have.builds if release.repos[n] in by_repo]
     if not wanted:
-        raise ReleaseError(f"{path}: holds none of the siblings of {builds_dir() / 'release.yaml'}; run 'release "
-                           "manifest' after building them")
+        delivered = ", ".join(have.builds) or "none"
+        raise ReleaseError(f"{path}: holds none of the builds the release delivers ({delivered}); run 'release "
+                           "select', build them, then 'release manifest'")
+    check_delivered(wanted, have, "push")
     builds = [load_build(n) for n in wanted]
     refuse_undeliverable(builds)
     reports: Reports = {}
@@ -238,6 +241,18 @@ def locked_builds(lock: Lock, path: Path, names: tuple[str, ...],
                                                   b.repo)
         gate_or_force(b.repo, verified, force, "push")
     return release, builds, reports
+
+
+def _locked_selection(lock: Lock, path: Path) -> SelectionDoc | None:
+    sidecar = lock.sidecars.get(SELECTION)
+    if sidecar is None:
+        return None
+    try:
+        return SelectionDoc.model_validate_json(sidecar.data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ReleaseError(f"{path}: field 'sidecars[{SELECTION!r}]': {err['msg']}; run 'release select', then "
+                           "'release manifest'") from exc
 
 
 @contextlib.contextmanager

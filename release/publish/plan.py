@@ -136,8 +136,16 @@ def repo_status(p: RepoPlan, request: PushRequest) -> str:
     return status
 
 
+def hub_endpoint(endpoint: str | None) -> str:
+    """The Hub a push or a plan talks to: ``--endpoint``, else huggingface_hub's (``HF_ENDPOINT``, or the public
+    Hub)."""
+    from huggingface_hub import constants
+
+    return endpoint or constants.ENDPOINT
+
+
 def remote_label(request: PushRequest) -> str:
-    return f"`{request.target}`" if request.target else f"`{request.endpoint or 'https://huggingface.co'}`"
+    return f"`{request.target}`" if request.target else f"`{hub_endpoint(request.endpoint)}`"
 
 
 def render_plan(plans: list[RepoPlan], request: PushRequest, fmt: str) -> str:

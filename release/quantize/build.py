@@ -20,7 +20,7 @@ from release.core.config import BuildConfig, ReleaseConfig, builds_dir
 from release.core.errors import ReleaseError
 from release.core.io import CHECKOUT, atomic_dir, build_date, cache_dir, output_folder, sha256_file, write_json
 from release.core.profile import stage
-from release.inputs.observations import Observation, load_observations, observation_set_digest, split
+from release.inputs.observations import Observation, dataset_id, load_observations, observation_set_digest, split
 from release.inputs.source import (
     Revision,
     SourceModel,
@@ -28,6 +28,7 @@ from release.inputs.source import (
     check_revision,
     resolve_source,
     source_identity,
+    source_license,
 )
 
 if TYPE_CHECKING:
@@ -276,7 +277,8 @@ class Builder:
                            "origin": request.identity.origin, "base_revision": request.release.base_revision,
                            "revision_mismatch": request.identity.is_commit
                            and revision != request.release.base_revision,
-                           "architecture": {k: self.config[k] for k in ("hidden_size", "num_hidden_layers")}},
+                           "architecture": {k: self.config[k] for k in ("hidden_size", "num_hidden_layers")},
+                           "license": source_license(request.source)},
                 "tool": {"name": "release", "version": __version__, "commit": _git_commit()},
                 "versions": {"modelopt": modelopt.__version__, "torch": torch.__version__,
                              "diffusers": diffusers.__version__, "python": platform.python_version()},
@@ -285,7 +287,8 @@ class Builder:
                 "policy": request.release.policy.model_dump(),
                 "calibration": {"observations": len(self.calibration), "calls": len(calls),
                                 "sha256": CalibrationData.digest(calls), "capture_sha256": data.sha256,
-                                "labs": sorted({o.lab for o in self.calibration})},
+                                "labs": sorted({o.lab for o in self.calibration}),
+                                "dataset": dataset_id(request.observations)},
                 "algorithm_data": {"calls": len(algorithm) if uses_data else 0,
                                    "sha256": CalibrationData.digest(algorithm) if uses_data else None},
                 "quantized_linears": exported["quantized_linears"],

@@ -28,7 +28,7 @@ import release.inputs.policy  # noqa: F401  (sets diffusers up without progress 
 from release.core.config import BuildConfig
 from release.core.errors import ReleaseError
 from release.core.fp8 import FP8_MAX, weight_codes
-from release.core.io import write_json
+from release.core.io import canonical_modelopt_state, write_json
 from release.core.memory import execution_device, is_placed, placed, unplace
 from release.core.profile import stage
 from release.inputs.source import SourceModel
@@ -271,21 +271,6 @@ def _write_shards(state: dict[str, torch.Tensor], shards: list[tuple[str, list[s
 
 def _sha256(tensor: torch.Tensor) -> str:
     return hashlib.sha256(tensor.reshape(-1).view(torch.uint8).numpy().data).hexdigest()  # its own bytes, no copy
-
-
-def canonical_modelopt_state(state: dict[str, Any]) -> dict[str, Any]:
-    """ModelOpt's state with each quantizer's properties in sorted order, so that the same build pickles the same.
-
-    ModelOpt collects a quantizer's properties from a set difference of attribute names
-    (``TensorQuantizer._get_properties_for_modelopt_state``): their order follows Python's string hashing, which
-    changes with every process (``PYTHONHASHSEED``). Restoring sets them by name, so the order carries nothing.
-    """
-    for _, mode in state["modelopt_state_dict"]:
-        for key in ("quantizer_state", "real_quantizer_state"):
-            per_quantizer = mode["metadata"].get(key, {})
-            for name, properties in per_quantizer.items():
-                per_quantizer[name] = dict(sorted(properties.items()))
-    return state
 
 
 def _copy_components(source: Path, out: Path) -> None:

@@ -11,6 +11,7 @@ import types
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 import release.inputs.policy  # noqa: F401  (sets diffusers up without progress bars)
 from release.core import fp8
 from release.core.config import BuildConfig
+from release.core.conformance import EMULATION, MODELOPT, SCALED_MM
 from release.core.device import compute_device
 from release.core.errors import ReleaseError
 from release.core.io import read_json
@@ -41,9 +43,14 @@ def _serving_keys_ignored() -> Iterator[None]:
 
 def load_build_transformer(build_dir: Path) -> torch.nn.Module:
     """A build's transformer through diffusers, with ModelOpt's restore enabled (real FP8 weights), to be placed on
-    the GPU whole (:func:`release.core.memory.keep_whole`)."""
+    the GPU whole (:func:`release.core.memory.keep_whole`). The calls are the card's Use code
+    (``templates/partials/use.md.j2``) on ``build_dir`` as the downloaded snapshot of the repo: ModelOpt restores from
+    the ``modelopt_state.pth`` of the folder given to ``from_pretrained`` (given a repo id and ``subfolder=``, it looks
+    at the repo's root in the local cache instead). A Linear left holding FP8 weights without ModelOpt's quantizers
+    is refused."""
     import modelopt.torch.opt as mto
     from diffusers import Cosmos3OmniTransformer
+    from modelopt.torch.quantization.nn import QuantModule
 
     if not (build_dir / "transformer" / "modelopt_state.pth").is_file():
         raise ReleaseError(f"{build_dir}/transformer/modelopt_state.pth: missing; rebuild with 'release build'")
@@ -51,23 +58,51 @@ def load_build_transformer(build_dir: Path) -> torch.nn.Module:
         mto.enable_huggingface_checkpointing()
     with _serving_keys_ignored(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        model = Cosmos3OmniTransformer.from_pretrained(str(build_dir / "transformer"), dtype=torch.bfloat16)
+        model = Cosmos3OmniTransformer.from_pretrained(f"{build_dir}/transformer", dtype=torch.bfloat16)
+    plain = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
+             and module.weight.dtype == torch.float8_e4m3fn and not isinstance(module, QuantModule)]
+    if plain:
+        raise ReleaseError(f"{build_dir}/transformer: {len(plain)} Linears (the first {plain[0]}) hold FP8 weights "
+                           "as plain torch.nn.Linear: ModelOpt's restore did not run; rebuild with 'release build'")
     return keep_whole(model.eval())
+
+
+@dataclass
+class GemmRecord:
+    """What a deployed transformer's FP8 Linears ran: the kernel, and every GEMM shape (M tokens, N out, K in) since
+    the shapes were last cleared (``release eval`` clears them before each rollout and keeps them beside it)."""
+
+    kernel: str
+    shapes: set[tuple[int, int, int]] = field(default_factory=set)
+
+    def track(self, module: torch.nn.Module) -> None:
+        """Record the shape of each GEMM ``module`` (a Linear) runs, from its input, before it runs."""
+        n = int(module.weight.shape[0])  # type: ignore[index]
+
+        def hook(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            x = args[0] if args else kwargs["input"]
+            self.shapes.add((x.numel() // x.shape[-1], n, int(x.shape[-1])))
+
+        module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.Module:
     """The exported build through diffusers, its FP8 Linears running the kernel a server runs: per-tensor builds
     ModelOpt's FP8 GEMM on CUDA (``torch._scaled_mm`` with fast accumulation), per-channel builds a row-wise
     ``torch._scaled_mm`` with per-token input scales; or that arithmetic emulated exactly (``release.core.fp8``), by
-    default where models run on the CPU (on a GPU, to show the two equal)."""
+    default where models run on the CPU (on a GPU, to show the two equal). The model's ``gemm_record`` names the
+    kernel and collects the GEMM shapes that run."""
     model = load_build_transformer(folder)
     if emulate is None:
         emulate = compute_device() != "cuda"
     provenance = folder / "provenance.json"  # an external checkpoint has none: NVIDIA's per-tensor scheme
     rowwise = provenance.is_file() and read_json(provenance, "provenance", "release build").get("recipe", {}).get(
         "scheme") == per_channel.SCHEME
+    record = GemmRecord(EMULATION if emulate else SCALED_MM if rowwise else MODELOPT)
+    model.gemm_record = record  # type: ignore[assignment]  # read by release eval
     for name in quantized_linears(model):
         module = model.get_submodule(name)
+        record.track(module)
         if rowwise:
             module.forward = types.MethodType(functools.partial(fp8.rowwise_forward, emulate=emulate), module)
         elif emulate:

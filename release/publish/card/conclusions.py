@@ -9,7 +9,7 @@ from babel.numbers import format_decimal
 
 from release.core.builds import load_build
 from release.publish.card.i18n import Formatter, _
-from release.publish.card.labels import FAMILIES, MEASURED, PER_CHANNEL, PER_TENSOR, where_label
+from release.publish.card.labels import FAMILIES, MEASURED, PER_CHANNEL, PER_TENSOR, baseline_name, where_label
 from release.publish.card.rows import fakequant_for, groups_of, in_group
 
 
@@ -42,7 +42,7 @@ def conclusions(records: list[dict[str, Any]], baseline: str, f: Formatter, t: A
         rows = [r for r in in_group(records, path, split, PER_TENSOR) if r.get("diff_to_baseline") is not None]
         if not rows:
             continue
-        where = where_label(path, split, t)
+        where = where_label(path, split, t, in_group(records, path, split))
         if any(r["diff_ci_corrected"] is None for r in rows):
             out.append(t(_("{where}: too few observations to compare the builds with {baseline}."))
                        .format(where=where, baseline=baseline))
@@ -65,13 +65,14 @@ def conclusions(records: list[dict[str, Any]], baseline: str, f: Formatter, t: A
             text = _("Fake quant and {where} rank the {n} builds they share in opposite order (Spearman rho = "
                      "{rho}).") if rho < 0 else _("Fake quant and {where} rank the {n} builds they share alike "
                                                   "(Spearman rho = {rho}).")
-            out.append(t(text).format(where=where_label(path, split, t), n=len(common), rho=f.num(rho, 2)))
+            out.append(t(text).format(where=where_label(path, split, t, other.values()), n=len(common),
+                                      rho=f.num(rho, 2)))
         moved = [r for r in other.values() if r.get("attribution") and r["attribution"]["diff_without_top"] is not None]
         halved = [r for r in moved if abs(r["attribution"]["diff_without_top"]) < abs(r["attribution"]["diff"]) / 2]
         if moved and 2 * len(halved) > len(moved):
             out.append(t(_("On {where}, most of each difference to {baseline} comes from two observations: without "
                            "them {k} of {n} differences shrink to less than half.")).format(
-                where=where_label(path, split, t), baseline=baseline, k=len(halved), n=len(moved)))
+                where=where_label(path, split, t, other.values()), baseline=baseline, k=len(halved), n=len(moved)))
     observations = sorted({r["n_obs"] for r in records if r["path"] in MEASURED})
     if out and not significant and observations:
         out.append(t(_("So these observations ({n} per split) cannot rank the builds of NVIDIA's format against each "
@@ -179,3 +180,40 @@ def worse_notes(rows: list[dict[str, Any]], baseline: str, t: Any) -> list[str]:
                          "the one corrected for m = {m} does not): {builds}.")).format(
             baseline=baseline, m=max(r["comparisons"] for r in before), builds=_titles(before)))
     return notes
+
+
+# Where the card's opening advice looks first: results on held-out labs through the served, then the deployed path;
+# then the same paths on every lab; then the selection rule's own path and split.
+ADVICE_ORDER = (("served", "validation"), ("deployed", "validation"), ("served", "all"), ("deployed", "all"))
+
+
+def use_advice(tables: dict[str, Any], delivered: list[str], repos: dict[str, str], org: str,
+               rule: tuple[str, str] | None, f: Formatter, t: Any) -> str:
+    """The card's opening: which delivered build to use and why, from the held-out served or deployed results
+    where they exist (else the selection rule's path and split, else any path): the lowest overall error among the
+    delivered builds there, and whether its paired difference to the baseline supports calling it lower."""
+    baseline = baseline_name(tables)
+    mine = [r for r in tables["records"] if r["build"] in delivered and r["path"] in MEASURED]
+    groups = [*ADVICE_ORDER, *([rule] if rule else []), *sorted({(r["path"], r["split"]) for r in mine})]
+    group = next((g for g in groups if any((r["path"], r["split"]) == g for r in mine)), None)
+    if group is None:
+        return t(_("Which build to use: no delivered build has been evaluated yet, so the data name none."))
+    rows = [r for r in mine if (r["path"], r["split"]) == group]
+    best = min(rows, key=lambda r: (r["overall_sigma"], delivered.index(r["build"])))
+    text = t(_("Which build to use: **{title}** (`{repo}`), the lowest overall action error of the {n} delivered "
+               "builds evaluated on {where} ({sigma} sigma, {obs} observations).")).format(
+        title=best["title"], repo=f"{org}/{repos[best['build']]}", n=len(rows), where=where_label(*group, t, rows),
+        sigma=f.num(best["overall_sigma"]), obs=best["n_obs"])
+    if best["build"] == tables.get("baseline", "rtn"):
+        return text + " " + t(_("It is the baseline: no delivered build has a lower error there."))
+    ci = best.get("diff_ci_corrected")
+    if ci is None:
+        return text + " " + t(_("It has no paired difference to {baseline} there, so whether it is lower than "
+                                "{baseline} is not measured.")).format(baseline=baseline)
+    figures = f"{f.num(best['diff_to_baseline'], sign=True)} {f.ci(ci, sign=True)}"
+    if _excludes_zero(ci) < 0:
+        return text + " " + t(_("Its error is lower than that of {baseline}: the difference, {diff}, has a corrected "
+                                "95% CI below zero.")).format(baseline=baseline, diff=figures)
+    return text + " " + t(_("Its difference to {baseline}, {diff}, has a corrected 95% CI that does not exclude "
+                            "zero: at {obs} observations the data do not show it lower than {baseline}, which serves "
+                            "as well.")).format(baseline=baseline, diff=figures, obs=best["n_obs"])

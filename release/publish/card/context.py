@@ -9,13 +9,14 @@ from typing import Any
 
 from huggingface_hub import ModelCardData
 
+from release.check.report import INDEPENDENT
 from release.core.builds import available_builds, load_build
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import read_json
-from release.measure.select import Candidate, SelectionDoc
+from release.measure.select import Candidate, Delivery, SelectionDoc
 from release.measure.stats import min_observations
-from release.publish.card.conclusions import conclusions
+from release.publish.card.conclusions import conclusions, use_advice
 from release.publish.card.i18n import Formatter, _, translations
 from release.publish.card.labels import (
     CHECK_LABELS,
@@ -25,6 +26,8 @@ from release.publish.card.labels import (
     MEASURED,
     NOT_EVALUATED,
     PATH_LABELS,
+    PER_CHANNEL,
+    REFERENCE_ORIGINS,
     SCHEMES,
     SPLIT_LABELS,
     TIE_BREAKS,
@@ -33,8 +36,16 @@ from release.publish.card.labels import (
     build_label,
     build_titles,
     estimate,
+    path_label,
 )
-from release.publish.card.rows import check_statuses, fidelity_rows, speed_lines, verification_rows
+from release.publish.card.rows import (
+    check_statuses,
+    fidelity_rows,
+    reference_kind,
+    speed_lines,
+    use_requirements,
+    verification_rows,
+)
 from release.publish.card.sections import (
     constraint_lines,
     decision_rows,
@@ -52,7 +63,10 @@ PROVENANCE_FIELDS = ("source", "tool", "versions", "device", "calibration", "con
                      "date")
 
 
-def card_metadata(release: ReleaseConfig, langs: list[str]) -> ModelCardData:
+def card_metadata(release: ReleaseConfig, prov: dict[str, Any]) -> ModelCardData:
+    """The Hub's metadata: ``language`` is the model's (its instructions'), not the card's; ``datasets`` names the
+    observation set's dataset when it has a Hub id (a LeRobot import from the Hub)."""
+    dataset = prov.get("calibration", {}).get("dataset")
     return ModelCardData(
         base_model=release.base_model,
         base_model_relation="quantized",
@@ -62,13 +76,14 @@ def card_metadata(release: ReleaseConfig, langs: list[str]) -> ModelCardData:
         pipeline_tag="robotics",
         library_name=release.library_name,
         tags=release.tags,
-        language=langs,
+        language=release.instruction_languages,
+        datasets=[dataset] if dataset else None,
     )
 
 
 def comparison_context(release: ReleaseConfig, build: BuildConfig, prov: dict[str, Any], tables: dict[str, Any],
-                       selection: SelectionDoc | None, provenances: dict[str, dict[str, Any]], langs: list[str],
-                       f: Formatter, t: Any) -> dict[str, Any] | None:
+                       selection: SelectionDoc | None, have: Delivery, provenances: dict[str, dict[str, Any]],
+                       langs: list[str], f: Formatter, t: Any) -> dict[str, Any] | None:
     """The seed's "algorithm comparison": every build of the sweep in tables.json, by path and family, with the
     statements the paired differences support; None when tables.json holds this build alone."""
     records = tables["records"]
@@ -82,17 +97,17 @@ def comparison_context(release: ReleaseConfig, build: BuildConfig, prov: dict[st
     paths = path_tables(records, baseline, 2, f, t)
     fakequant = fakequant_tables(records, baseline, provenances, 2 + len(paths), f, t)
     section = 1 + len(paths) + len(fakequant)
-    titles = build_titles([s.build for s in release.siblings], f.lang)
+    titles = build_titles(have.builds, f.lang)
     return {
         "date": f.date(date), "title": build_label(me, t) if me else build.text("title", f.lang),
         "baseline": baseline,
-        "siblings": [{"build": f"{titles[s.build]} ({t(_('delivered'))})", "repo": f"{release.org}/{s.repo}"}
-                     for s in release.siblings],
+        "siblings": [{"build": f"{titles.get(b, f'`{b}`')} ({t(_('delivered'))})",
+                      "repo": f"{release.org}/{release.repos[b]}"} for b in have.builds],
         "conclusions": conclusions(records, baseline, f, t),
         "setup": setup_rows(records, release, build, prov, int(tables.get("resamples", 10_000)), baseline, f, t),
         "paths": paths_rows(records, t), "path_tables": paths, "fakequant_tables": fakequant,
         "decision_heading": f"{section + 1}. " + t(_("Decision and remaining work")),
-        "decision": decision_rows(records, release, baseline, f, t),
+        "decision": decision_rows(records, release, have.builds, baseline, f, t),
         "constraints_heading": f"{section + 2}. " + t(_("Constraints")),
         "constraints": constraint_lines(records, selection, t),
         "reproduction_heading": f"{section + 3}. " + t(_("Reproduction")),
@@ -105,8 +120,8 @@ def comparison_context(release: ReleaseConfig, build: BuildConfig, prov: dict[st
 
 
 def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, tables: dict[str, Any],
-                 selection: SelectionDoc | None, provenances: dict[str, dict[str, Any]], lang: str, langs: list[str],
-                 plot: str) -> dict[str, Any]:
+                 selection: SelectionDoc | None, have: Delivery, provenances: dict[str, dict[str, Any]], lang: str,
+                 langs: list[str], plot: str) -> dict[str, Any]:
     t = translations(lang).gettext
     f = Formatter(lang)
     all_records = tables["records"]
@@ -114,6 +129,8 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
     report_path = folder / "verification" / "report.json"
     report = read_json(report_path, "verification report", f"release verify {build.name}", ("checks",))
     statuses = check_statuses(report, report_path, build.name)
+    kind = reference_kind(report)
+    independent = kind == INDEPENDENT  # only a checkpoint this tool did not make backs "as in NVIDIA's"
     mine = [r for r in all_records if r["build"] == build.name]
     if not mine:
         raise ReleaseError(f"tables.json has no results for build {build.name!r}; run 'release eval {build.name}' "
@@ -123,7 +140,7 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
     date = dt.datetime.fromisoformat(prov["date"]).date()
     passed = [r for r in mine if r["gate"]]
     gate_verdict = t(_("It passes the gate on: {paths}.")).format(
-        paths=", ".join(f"{t(PATH_LABELS[r['path']])} ({t(SPLIT_LABELS[r['split']])})" for r in passed)) \
+        paths=", ".join(f"{path_label(r['path'], t, [r])} ({t(SPLIT_LABELS[r['split']])})" for r in passed)) \
         if passed else t(_("It does not pass the gate on any evaluated path."))
     splits = {r["split"] for r in mine}
     caveats = []
@@ -139,9 +156,11 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
                            "scheme.")))
     caveats.append(t(_("The numbers come from the evaluation data named in `provenance.json` and "
                        "`results/`; a different robot setup can behave differently.")))
-    sibling_titles = build_titles([s.build for s in release.siblings], lang)
-    siblings = [{"repo_id": f"{release.org}/{s.repo}", "title": sibling_titles[s.build],
-                 "current": s.build == build.name} for s in release.siblings]
+    sibling_titles = build_titles(have.builds, lang)
+    siblings = [{"repo_id": f"{release.org}/{release.repos[b]}", "title": sibling_titles.get(b, f"`{b}`"),
+                 "current": b == build.name} for b in have.builds]
+    rule = (selection.rule.path, selection.rule.split) if selection else \
+        (release.selection.path, release.selection.split) if release.selection else None
     languages_line = " | ".join(
         f"[{code}]({'README.md' if code == langs[0] else f'README.{code}.md'})" for code in langs
     ) if len(langs) > 1 else ""
@@ -159,26 +178,33 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
         "release": release, "prov": prov, "repo_id": f"{release.org}/{build.repo}",
         "title": f"{release.base_model.split('/')[-1]}, {build.text('title', lang)} ({t(SCHEMES[build.scheme])})",
         "description": build.text("description", lang), "siblings": siblings, "languages_line": languages_line,
-        "deliverable": build.deliverable,
-        "recipe_text": recipe_text(build, t), "scheme": scheme_rows(build, prov, t), "source_note": source_note,
+        "advice": use_advice(tables, have.builds, release.repos, release.org, rule, f, t),
+        "delivered": build.name in have.builds,
+        "deliverable": build.deliverable, "build_name": build.name,
+        "per_channel": build.scheme == PER_CHANNEL, "use": use_requirements(prov, mine, f, t),
+        "license_copied": bool(source.get("license")),
+        "independent": independent, "recipe_text": recipe_text(build, t, independent),
+        "scheme": scheme_rows(build, prov, t, independent), "source_note": source_note,
         "kept": ", ".join(f"`{k}`" for k in build.kept_bf16),
         "built_date": f.date(date), "gate_sigma": f.num(build.gate.overall_sigma, 2),
         "gate_rate": f.pct(build.gate.gripper_change_rate, 1), "gate_verdict": gate_verdict,
         "verification_reference": Path(report["reference"]).name if report.get("reference") else "",
+        "verification_origin": t(REFERENCE_ORIGINS[kind]) if kind in REFERENCE_ORIGINS else "",
         "verification": verification_rows(report, statuses, report_path, build, f, t),
         "verification_skipped": ", ".join(t(CHECK_LABELS[c["name"]]) for c, status in zip(report["checks"], statuses,
                                                                                           strict=True)
                                           if status == "skipped"),
         "plot": plot, "min_obs": min_observations(),
         "fidelity_rows": fidelity_rows(mine + baseline + yardsticks, f, t), "speed": speed_lines(mine, f, t),
-        "comparison": comparison_context(release, build, prov, tables, selection, provenances, langs, f, t),
+        "comparison": comparison_context(release, build, prov, tables, selection, have, provenances, langs, f, t),
         "caveats": caveats,
-        "selection": selection_context(selection, build, f, t),
+        "selection": selection_context(selection, have, build, f, t),
         "h": {k: t(v) for k, v in HEADERS.items()},
     }
 
 
-def selection_context(doc: SelectionDoc | None, build: BuildConfig, f: Formatter, t: Any) -> dict[str, Any] | None:
+def selection_context(doc: SelectionDoc | None, have: Delivery, build: BuildConfig, f: Formatter,
+                      t: Any) -> dict[str, Any] | None:
     """"How it was selected" from ``selection.json``: the rule in words, the ranking, and this build's place in it;
     None without a selection (the section then states the build date and gate only)."""
     if doc is None:
@@ -207,6 +233,12 @@ def selection_context(doc: SelectionDoc | None, build: BuildConfig, f: Formatter
     mine = next((c for c in doc.candidates if c.build == build.name), None)
     verdict = t(_("This build is not one of the candidates.")) if mine is None else \
         t(VERDICTS[mine.chosen]).format(rank=place(mine))
+    override = have.overrides.get(build.name)
+    if override is not None:
+        where = place(mine) if mine is not None else t(_("not a candidate"))
+        verdict = t(_("Delivered although {rank} and not chosen, because: {reason}") if override.deliver else
+                    _("Not delivered although chosen ({rank}), because: {reason}")).format(rank=where,
+                                                                                           reason=override.reason)
     gate = {True: t(_("pass")), False: t(_("fail"))}
     titles = build_titles([c.build for c in doc.candidates], f.lang)
     rows = []

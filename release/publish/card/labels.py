@@ -7,6 +7,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from release.core.builds import available_builds, load_build
+from release.core.conformance import EMULATION, MODELOPT, SCALED_MM
+from release.core.errors import ReleaseError
 from release.publish.card.i18n import Formatter, _
 
 PATH_LABELS = {"fakequant": _("fake quant, offline replay"), "deployed": _("deployed FP8 build (diffusers)"),
@@ -21,6 +23,17 @@ CHECK_LABELS = {"layout": _("Files, tensor names, dtypes and shapes"),
                 "modelopt_state": _("`modelopt_state.pth`, transformer and root"),
                 "values": _("Values"), "consistency": _("Indexes and shards"), "loadable": _("Loads and runs")}
 CHECK_STATUS = {"passed": _("passed"), "failed": _("FAILED"), "skipped": _("skipped")}
+# What the verification's reference is (release.check.report's kinds), said under its first line; nothing for an
+# independent checkpoint (NVIDIA's).
+REFERENCE_ORIGINS = {
+    "self-reference": _("That reference is a build of this tool (a self-reference): the checks of files, "
+                        "configurations and ModelOpt state compare this tool's output with itself and are no "
+                        "independent evidence that the build is laid out as `nvidia/Cosmos3-Nano@fp8`."),
+    "modelopt-export": _("That reference is ModelOpt's own Hugging Face export (`export_hf_checkpoint`) of the same "
+                         "source, made by `release fixture`, not by this tool's export and not NVIDIA's checkpoint. "
+                         "What that export writes differently by construction is left out of the comparison and "
+                         "listed in each check's result and in the report."),
+}
 FILE_KINDS = {"tool sidecar": _("tool sidecar files ({n})"), "documentation": _("documentation files ({n})"),
               "base-model branch": _("files of the base model's other branches ({n})"),
               "unexpected": _("unexpected files ({n})")}
@@ -80,8 +93,48 @@ def estimate(value: float, ci: list[float] | None, f: Formatter, t: Any, sign: b
     return f"{f.num(value, sign=sign)} {f.ci(ci, sign=sign) if ci is not None else f'({t(TOO_FEW)})'}"
 
 
-def where_label(path: str, split: str, t: Any) -> str:
-    return f"{t(PATH_LABELS[path])}, {t(SPLIT_LABELS[split])}"
+# A deployed row's label says how it was computed (tables.json's "computed", from release eval): the device and kernel.
+DEPLOYED_LABELS = {"cpu": _("deployed, CPU emulation"), EMULATION: _("deployed, {device}, FP8 GEMM emulation"),
+                   MODELOPT: _("deployed, {device}, ModelOpt FP8 GEMM"),
+                   SCALED_MM: _("deployed, {device}, eager `torch._scaled_mm`")}
+KERNELS = {EMULATION: _("the emulation of Hopper's FP8 GEMM on {device}"),
+           MODELOPT: _("ModelOpt's FP8 GEMM on {device}"),
+           SCALED_MM: _("an eager row-wise `torch._scaled_mm` on {device}")}
+
+
+def computations(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """How the deployed ``records`` were computed, each distinct computation once with the GEMM shapes of all its
+    records. A deployed record without that record (tables.json from an older ``release tables``) is refused: the
+    card would have to guess its kernel."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        if r["path"] != "deployed":
+            continue
+        c = r.get("computed")
+        if not isinstance(c, dict) or c.get("kernel") not in KERNELS:
+            raise ReleaseError(f"tables.json: the deployed results of {r['build']!r} ({r['split']}) do not record how "
+                               f"they were computed (device, kernel); rerun 'release eval {r['build']} --path deployed "
+                               f"--split {r['split']}' and 'release tables'")
+        same = out.setdefault(f"{c['device']}|{c['kernel']}|{c.get('torch')}|{c.get('cuda')}", {**c, "gemm_shapes": []})
+        same["gemm_shapes"] = sorted({*map(tuple, same["gemm_shapes"]), *map(tuple, c.get("gemm_shapes") or [])})
+    return [out[k] for k in sorted(out)]
+
+
+def device_word(device: str | None, t: Any) -> str:
+    return t(_("the CPU")) if device in (None, "cpu") else str(device).removeprefix("NVIDIA ")
+
+
+def path_label(path: str, t: Any, records: Iterable[dict[str, Any]] = ()) -> str:
+    """A path's label; a deployed one says how ``records`` (those it labels) were computed."""
+    hows = computations(records) if path == "deployed" else []
+    if not hows:
+        return str(t(PATH_LABELS[path]))
+    return " / ".join(t(DEPLOYED_LABELS["cpu" if c["kernel"] == EMULATION and c["device"] in (None, "cpu")
+                                        else c["kernel"]]).format(device=device_word(c["device"], t)) for c in hows)
+
+
+def where_label(path: str, split: str, t: Any, records: Iterable[dict[str, Any]] = ()) -> str:
+    return f"{path_label(path, t, records)}, {t(SPLIT_LABELS[split])}"
 
 
 def scheme_of(record: dict[str, Any]) -> str:
@@ -91,11 +144,7 @@ def scheme_of(record: dict[str, Any]) -> str:
 PATH_HOW = {
     "fakequant": _("the FP8 codes dequantized as the weights, each input quantize-dequantized at its scale (ModelOpt "
                    "fake quantization), BF16 elsewhere"),
-    "deployed": _("the exported build through diffusers: ModelOpt's FP8 GEMM on a GPU (`torch._scaled_mm` with fast "
-                  "accumulation), its emulation on a CPU (bit-exact to the eager kernel on an H200 at the shapes "
-                  "measured, except GEMMs with K from {lo} to {hi}, where cuBLAS sums in another order; ModelOpt's "
-                  "compiled GEMM differed from the eager one on up to 0.25 percent of bf16 outputs with outlier "
-                  "channels); per-channel builds a row-wise FP8 GEMM"),
+    "deployed": _("the exported build through diffusers, its FP8 Linears run by {kernels}"),
     "served": _("a policy server's results, imported with `release import-served`"),
 }
 PATH_REFERENCE = {"fakequant": _("the BF16 output of the same replay"),

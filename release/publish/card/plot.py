@@ -81,7 +81,8 @@ def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path
     offsets = {g: (k - (len(gs) - 1) / 2) * min(0.2, 0.7 / len(gs)) for gs in (measured, yardstick)
                for k, g in enumerate(gs)}
     handles: list[Any] = [Line2D([], [], color=PATH_COLOURS[path], marker=SPLIT_MARKERS[split], linestyle="",
-                                 label=where_label(path, split, t)) for path, split in [*measured, *yardstick]]
+                                 label=where_label(path, split, t, in_group(records, path, split)))
+                       for path, split in [*measured, *yardstick]]
     legend_rows = math.ceil((len(handles) + 2) / 2)
     height = 0.3 * len(rows) + 1.4 + 0.22 * legend_rows
     fig, (gate_ax, diff_ax) = plt.subplots(1, 2, sharey=True, figsize=(13, height), dpi=100,

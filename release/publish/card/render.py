@@ -13,14 +13,14 @@ from huggingface_hub import ModelCard
 from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import atomic_write
-from release.measure.select import TABLES, SelectionDoc, read_selection, read_tables_doc
+from release.core.io import atomic_write, read_json
+from release.measure.select import TABLES, Delivery, SelectionDoc, delivery, read_selection, read_tables_doc
 from release.publish.card.context import card_context, card_metadata, sweep_provenances
 from release.publish.card.i18n import check_catalog, render_template, supported_languages, translations
 from release.publish.card.labels import titled
 from release.publish.card.plot import forest_plot
 
-LICENSE_TEXT = "OpenMDW License 1.1: see {link}\n"
+LICENSE_TEXT = "{name}: see {link}\n"  # only when the source has no LICENSE file
 
 
 @dataclass(frozen=True)
@@ -50,18 +50,34 @@ class CardRequest:
 
 
 def render_card(release: ReleaseConfig, build: BuildConfig, folder: Path, tables: dict[str, Any],
-                selection: SelectionDoc | None, provenances: dict[str, dict[str, Any]], lang: str,
+                selection: SelectionDoc | None, have: Delivery, provenances: dict[str, dict[str, Any]], lang: str,
                 langs: list[str]) -> str:
-    context = card_context(release, build, folder, tables, selection, provenances, lang, langs, f"forest.{lang}.png")
+    context = card_context(release, build, folder, tables, selection, have, provenances, lang, langs,
+                           f"forest.{lang}.png")
     body = render_template("card.md.j2", context, lang)
     body = re.sub(r"\n{3,}", "\n\n", body)  # the sections' optional parts leave runs of blank lines
-    text = f"---\n{card_metadata(release, langs).to_yaml()}\n---\n\n{body}"
+    text = f"---\n{card_metadata(release, context['prov']).to_yaml()}\n---\n\n{body}"
     ModelCard(text)  # parses the front matter; raises on invalid YAML
     return text
 
 
-def card_files(request: CardRequest, localized: dict[str, dict[str, Any]],
-               selection: SelectionDoc | None) -> dict[Path, str | bytes]:
+def marked(records: list[dict[str, Any]], have: Delivery) -> list[dict[str, Any]]:
+    """The records with ``delivered`` set from the release's delivery (tables.json, made before the selection, does
+    not know it): the tables and the plot mark those builds."""
+    return [{**r, "delivered": r["build"] in have.builds} for r in records]
+
+
+def license_text(release: ReleaseConfig, folder: Path, build: BuildConfig) -> str:
+    """The source's LICENSE as the build recorded it (``provenance.json``), verbatim; a one-line pointer to the
+    release's license link only when the source had none (the card says so)."""
+    prov = read_json(folder / "provenance.json", "provenance", f"release build {build.name}", ("source",))
+    recorded = prov["source"].get("license")
+    return str(recorded["text"]) if recorded else LICENSE_TEXT.format(name=release.license.name,
+                                                                      link=release.license.link)
+
+
+def card_files(request: CardRequest, localized: dict[str, dict[str, Any]], selection: SelectionDoc | None,
+               have: Delivery) -> dict[Path, str | bytes]:
     """Every file the cards add to each build folder (README per language, LICENSE); plots are written apart.
     ``localized``: tables.json per card language, its records titled in that language."""
     files: dict[Path, str | bytes] = {}
@@ -72,17 +88,19 @@ def card_files(request: CardRequest, localized: dict[str, dict[str, Any]],
             raise ReleaseError(f"{folder}: missing; run 'release build {build.name}' first")
         for i, lang in enumerate(request.langs):
             name = "README.md" if i == 0 else f"README.{lang}.md"
-            files[folder / name] = render_card(request.release, build, folder, localized[lang], selection, provenances,
-                                               lang, request.langs)
-        files[folder / "LICENSE"] = LICENSE_TEXT.format(link=request.release.license.link)
+            files[folder / name] = render_card(request.release, build, folder, localized[lang], selection, have,
+                                               provenances, lang, request.langs)
+        files[folder / "LICENSE"] = license_text(request.release, folder, build)
     return files
 
 
 def render_cards(request: CardRequest) -> list[Path]:
     tables = read_tables_doc(request.dist / TABLES)
-    localized = {lang: {**tables, "records": titled(tables["records"], lang, translations(lang).gettext)}
+    selection = read_selection(request.dist)
+    have = delivery(request.release, selection)  # refuses an override that contradicts nothing
+    localized = {lang: {**tables, "records": marked(titled(tables["records"], lang, translations(lang).gettext), have)}
                  for lang in request.langs}
-    files = card_files(request, localized, read_selection(request.dist))
+    files = card_files(request, localized, selection, have)
     if request.check:
         return sorted(files)
     for build in request.builds:

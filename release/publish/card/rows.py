@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from release.check.report import MODELOPT_EXPORT, SELF_REFERENCE
 from release.core.config import BuildConfig
 from release.core.errors import ReleaseError
 from release.publish.card.i18n import Formatter, _
@@ -37,25 +38,8 @@ def _check_detail(check: dict[str, Any], status: str, per_channel: bool, f: Form
         return t(_("first problem: {problem}")).format(problem=f"`{check.get('summary', '')}`")
     d = check["details"]
     name = check["name"]
-    if name == "layout":
-        kinds: dict[str, int] = {}
-        for kind in d["files_one_side"].values():
-            kinds[kind] = kinds.get(kind, 0) + 1
-        rest = ", ".join(t(FILE_KINDS[k]).format(n=n) for k, n in sorted(kinds.items())) or t(_("none"))
-        text = _("{common} tensors in common, {differ} dtype or shape differences; on one side only: {rest}")
-        return t(text).format(common=d["common_tensors"], differ=len(d["dtype_or_shape_differences"]), rest=rest)
-    if name == "quantization_config":
-        return t(_("identical to the reference's in the per-channel scheme (`quant_algo` "
-                   "`FP8_PER_CHANNEL_PER_TOKEN`)")) if per_channel else t(_("identical to the reference's"))
-    if name == "modelopt_state":
-        text = _("`{file}`: {common} entries in common, {build} in the build only, {reference} in the reference only, "
-                 "{differ} differ, {scheme} set by the per-channel scheme") if per_channel else \
-            _("`{file}`: {common} entries in common, {build} in the build only, {reference} in the reference only, "
-              "{differ} differ")
-        return "; ".join(t(text).format(file=file, common=c["common"], build=c["build_only"],
-                                        reference=c["reference_only"], differ=c["differ"],
-                                        **({"scheme": c["scheme"]} if per_channel else {}))
-                         for file, c in d["counts"].items())
+    if name in ("layout", "quantization_config", "modelopt_state"):
+        return _against_reference(d, _reference_detail(name, d, per_channel, t), t)
     if name == "values":
         source = t(_("the smoothed source weight")) if d["folded"] else t(_("the source weight"))
         weights = _("{n} FP8 weights with per-channel weight scales and no static input scale") if per_channel \
@@ -79,6 +63,63 @@ def _check_detail(check: dict[str, Any], status: str, per_channel: bool, f: Form
     return t(_("loads in diffusers with ModelOpt's restore; one policy rollout, W8A8 on every step through a row-wise "
                "FP8 GEMM, gives finite actions")) if per_channel else \
         t(_("loads in diffusers with ModelOpt's restore; one policy rollout gives finite actions"))
+
+
+def _reference_detail(name: str, d: dict[str, Any], per_channel: bool, t: Any) -> str:
+    """A passed check against the reference: what matched, and what ModelOpt's own export lacks by construction."""
+    tolerated = d.get("tolerated", {})
+    if name == "layout":
+        kinds: dict[str, int] = {}
+        for kind in d["files_one_side"].values():
+            kinds[kind] = kinds.get(kind, 0) + 1
+        rest = ", ".join(t(FILE_KINDS[k]).format(n=n) for k, n in sorted(kinds.items())) or t(_("none"))
+        text = t(_("{common} tensors in common, {differ} dtype or shape differences; on one side only: {rest}")).format(
+            common=d["common_tensors"], differ=len(d["dtype_or_shape_differences"]), rest=rest)
+        if tolerated:
+            text += t(_("; {n} ModelOpt quantizer buffers in the build only, which ModelOpt's export does not "
+                        "write")).format(n=tolerated["quantizer_buffers"])
+        return text
+    if name == "quantization_config":
+        text = t(_("identical to the reference's in the per-channel scheme (`quant_algo` "
+                   "`FP8_PER_CHANNEL_PER_TOKEN`)")) if per_channel else t(_("identical to the reference's"))
+        if tolerated.get("build_only_fields"):
+            fields = dict.fromkeys(f.split(": ")[-1] for f in tolerated["build_only_fields"])
+            text += t(_(" in every field it has; in the build only: {fields} (the fields diffusers reads, which "
+                        "ModelOpt's export does not write)")).format(fields=", ".join(f"`{f}`" for f in fields))
+        if tolerated.get("ignore_written_differently"):
+            text += t(_("; `ignore` written with ModelOpt's wildcards in the reference, covering the same modules"))
+        return text
+    text = _("`{file}`: {common} entries in common, {build} in the build only, {reference} in the reference only, "
+             "{differ} differ, {scheme} set by the per-channel scheme") if per_channel else \
+        _("`{file}`: {common} entries in common, {build} in the build only, {reference} in the reference only, "
+          "{differ} differ")
+    parts = [t(text).format(file=file, common=c["common"], build=c["build_only"], reference=c["reference_only"],
+                            differ=c["differ"], **({"scheme": c["scheme"]} if per_channel else {}))
+             for file, c in d["counts"].items()]
+    if tolerated:
+        left_out = _("{n} entries left out: the quantizer list and the format of the quantizers disabled on both "
+                     "sides, which ModelOpt's `FP8_DEFAULT_CFG` writes differently")
+        parts.append(t(left_out).format(n=tolerated["entries"]))
+    return "; ".join(parts)
+
+
+def reference_kind(report: dict[str, Any]) -> str | None:
+    """What the report's reference is, as its checks against it recorded (``release.check.layout.reference_origin``:
+    a self-reference, ModelOpt's own export, an independent checkpoint); None without a reference, or from a report
+    older than that record."""
+    kinds = {c.get("details", {}).get("reference", {}).get("kind") for c in report["checks"]
+             if c["name"] in ("layout", "quantization_config", "modelopt_state")}
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+def _against_reference(d: dict[str, Any], text: str, t: Any) -> str:
+    """A check's result, said to be against a self-reference or ModelOpt's own export where it was."""
+    kind = d.get("reference", {}).get("kind")
+    if kind == SELF_REFERENCE:
+        return t(_("self-reference, no independent evidence: {result}")).format(result=text)
+    if kind == MODELOPT_EXPORT:
+        return t(_("against ModelOpt's own export: {result}")).format(result=text)
+    return text
 
 
 def verification_rows(report: dict[str, Any], statuses: list[str], path: Path, build: BuildConfig, f: Formatter,
@@ -114,11 +155,35 @@ def speed_lines(records: list[dict[str, Any]], f: Formatter, t: Any) -> list[str
         if s:
             lines.append(t(_("Speed and memory ({where}, `{device}`): {seconds} s vs {bf16_seconds} s per rollout for "
                              "BF16 (median of {n} rollouts each), peak GPU memory {gib} vs {bf16_gib} GiB.")).format(
-                where=where_label(r["path"], r["split"], t), device=s["build"]["device"],
+                where=where_label(r["path"], r["split"], t, [r]), device=s["build"]["device"],
                 seconds=f.num(s["build"]["seconds"], 2), bf16_seconds=f.num(s["bf16"]["seconds"], 2),
                 n=s["build"]["rollouts"], gib=f.num(s["build"]["peak_gib"], 1),
                 bf16_gib=f.num(s["bf16"]["peak_gib"], 1)))
     return lines
+
+
+PINNED = (("nvidia-modelopt", "modelopt"), ("torch", "torch"), ("diffusers", "diffusers"))  # pip name, provenance
+
+
+def use_requirements(prov: dict[str, Any], records: list[dict[str, Any]], f: Formatter, t: Any) -> dict[str, str]:
+    """The Use section's requirements: the peak GPU memory of this build's deployed rollouts (from the
+    ``results/deployed-<split>.perf.json`` that ``release tables`` read), or why it was not measured; and pip pins of
+    the versions it was made with (a local label such as ``+cpu`` dropped: ``torch==2.13.0`` takes any build)."""
+    deployed = [r for r in records if r["path"] == "deployed"]
+    measured = [r for r in deployed if r.get("speed")]
+    if measured:
+        peak = max(measured, key=lambda r: r["speed"]["build"]["peak_gib"])
+        memory = t(_("GPU memory: {gib} GiB at peak during one policy rollout, measured on `{device}` by the deployed "
+                     "evaluation (`results/deployed-{split}.perf.json`);")).format(
+            gib=f.num(peak["speed"]["build"]["peak_gib"], 1), device=peak["speed"]["build"]["device"],
+            split=peak["split"])
+    elif deployed:
+        memory = t(_("GPU memory: not measured, the deployed evaluation ran on a CPU;"))
+    else:
+        memory = t(_("GPU memory: not measured, the deployed path was not evaluated;"))
+    versions = prov["versions"]
+    pins = " ".join(f"{name}=={str(versions[key]).split('+')[0]}" for name, key in PINNED)
+    return {"memory": memory, "pins": pins}
 
 
 def in_group(records: list[dict[str, Any]], path: str, split: str, scheme: str | None = None) -> list[dict[str, Any]]:
@@ -135,7 +200,7 @@ def groups_of(records: list[dict[str, Any]], paths: tuple[str, ...]) -> list[tup
 
 def fidelity_rows(records: list[dict[str, Any]], f: Formatter, t: Any) -> list[dict[str, str]]:
     return [{
-        "label": build_label(r, t), "path": where_label(r["path"], r["split"], t),
+        "label": build_label(r, t), "path": where_label(r["path"], r["split"], t, [r]),
         "overall": estimate(r["overall_sigma"], r["overall_ci"], f, t),
         "ratio": f.num(r["x_eager_vs_compile"], 2), "mae": f.num(r["joint_mae_deg"], 2), "snr": f.num(r["snr_db"], 1),
         "gripper": f"{f.pct(r['gripper_agree'])} {f.pct_ci(r['gripper_ci'])}",

@@ -11,6 +11,7 @@ from babel.numbers import format_decimal
 from release.core.config import BuildConfig, ReleaseConfig
 from release.measure.select import SelectionDoc
 from release.publish.card.conclusions import capital, notes_on_path, same_codes_notes, worse_notes
+from release.publish.card.deployed import deployed_how, kernels
 from release.publish.card.i18n import Formatter, _
 from release.publish.card.labels import (
     FAMILIES,
@@ -90,9 +91,6 @@ def setup_rows(records: list[dict[str, Any]], release: ReleaseConfig, build: Bui
 
 
 def paths_rows(records: list[dict[str, Any]], t: Any) -> list[dict[str, str]]:
-    from release.core.fp8 import UNMODELLED_K  # here, not at the top: release.core.fp8 imports torch
-
-    lo, hi = UNMODELLED_K
     measured = [r for r in records if r["path"] in MEASURED]
     total = len({r["build"] for r in measured})
     rows = []
@@ -100,24 +98,25 @@ def paths_rows(records: list[dict[str, Any]], t: Any) -> list[dict[str, str]]:
         n = len({r["build"] for r in measured if r["path"] == path})
         if n:
             count = t(_("all {n}")).format(n=n) if n == total else t(_("{n} of {total}")).format(n=n, total=total)
-            rows.append({"path": t(PATH_LABELS[path]), "how": t(PATH_HOW[path]).format(lo=f"{lo:,}", hi=f"{hi:,}"),
-                         "reference": t(PATH_REFERENCE[path]), "builds": count})
+            how = deployed_how(measured, t) if path == "deployed" else t(PATH_HOW[path])
+            rows.append({"path": t(PATH_LABELS[path]), "how": how, "reference": t(PATH_REFERENCE[path]),
+                         "builds": count})
     return rows
 
 
-def decision_rows(records: list[dict[str, Any]], release: ReleaseConfig, baseline: str, f: Formatter,
-                  t: Any) -> list[dict[str, str]]:
+def decision_rows(records: list[dict[str, Any]], release: ReleaseConfig, delivered_builds: list[str], baseline: str,
+                  f: Formatter, t: Any) -> list[dict[str, str]]:
     """The release's decision as the data stand: the delivered builds and their gates, the builds evaluated on more
     than one path and why they are not delivered, and what would settle the ranking."""
     measured = [r for r in records if r["path"] in MEASURED]
     by_build: dict[str, list[dict[str, Any]]] = {}
     for r in measured:
         by_build.setdefault(r["build"], []).append(r)
-    delivered = [s.build for s in release.siblings if s.build in by_build]
+    delivered = [b for b in delivered_builds if b in by_build]
     titles = {b: rs[0]["title"] for b, rs in by_build.items()}
 
     def paths(rows: list[dict[str, Any]]) -> str:
-        return ", ".join(where_label(r["path"], r["split"], t) for r in rows)
+        return ", ".join(where_label(r["path"], r["split"], t, [r]) for r in rows)
 
     passing = [b for b in delivered if all(r["gate"] for r in by_build[b])]
     content = t(_("{builds}; passing the gate on every evaluated path: {passing}.")).format(
@@ -142,11 +141,11 @@ def decision_rows(records: list[dict[str, Any]], release: ReleaseConfig, baselin
                 text = t(_("passes the gate on every evaluated path ({paths}), but its error is not lower than that of "
                            "{best} ({a} vs {b} sigma, {where}), so it is not added")).format(
                     paths=paths(rows), best=best["title"], a=f.num(other["overall_sigma"]),
-                    b=f.num(best["overall_sigma"]), where=where_label(other["path"], other["split"], t))
+                    b=f.num(best["overall_sigma"]), where=where_label(other["path"], other["split"], t, [other]))
             else:
                 text = t(_("passes the gate on every evaluated path ({paths}) and has a lower error than every "
                            "delivered build on {where}; not delivered")).format(
-                    paths=paths(rows), where=where_label(other["path"], other["split"], t))
+                    paths=paths(rows), where=where_label(other["path"], other["split"], t, [other]))
         out.append({"item": str(titles[b]), "content": text})
     heldout = [r for r in measured if r["split"] == "validation"]
     labs = ", ".join(release.heldout_labs)
@@ -166,9 +165,9 @@ def constraint_lines(records: list[dict[str, Any]], selection: SelectionDoc | No
     if any(scheme_of(r) == PER_CHANNEL for r in measured):
         out.append(t(_("The per-channel builds are exploratory: they are not deliverable in the current format "
                        "(see their fake-quant tables).")))
-    if not any(r["path"] == "served" for r in measured):
-        out.append(t(_("No policy-server results were imported: the deployed rows are diffusers with ModelOpt's FP8 "
-                       "GEMM (or its emulation on a CPU), not NVIDIA's policy server.")))
+    if not any(r["path"] == "served" for r in measured) and any(r["path"] == "deployed" for r in measured):
+        out.append(t(_("No policy-server results were imported: the deployed rows are diffusers with {kernels}, not "
+                       "NVIDIA's policy server.")).format(kernels=kernels(measured, t)))
     return [f"- {c}" for c in out]
 
 
@@ -202,12 +201,13 @@ def path_tables(records: list[dict[str, Any]], baseline: str, first: int, f: For
     for section, (path, split) in enumerate(groups_of(records, ("served", "deployed")), start=first):
         group = in_group(records, path, split)
         tables.append({
-            "heading": f"{section}. {capital(where_label(path, split, t))}",
+            "heading": f"{section}. {capital(where_label(path, split, t, group))}",
             "headers": {k: t(v) for k, v in PATH_HEADERS[path].items() if k != "diff_m"} | diff_headers(group, t, path),
             "rows": path_rows(records, path, split, f, t),
             "attribution": attribution_rows(group, f, t),
             "attribution_intro": t(_("Where the differences to {baseline} come from on {where}, observation by "
-                                     "observation:")).format(baseline=baseline, where=where_label(path, split, t)),
+                                     "observation:")).format(baseline=baseline,
+                                                             where=where_label(path, split, t, group)),
             "notes": notes_on_path(records, path, split, baseline, f, t)})
     return tables
 
@@ -232,13 +232,16 @@ def fakequant_tables(records: list[dict[str, Any]], baseline: str, provenances: 
     return tables
 
 
-def recipe_text(build: BuildConfig, t: Any) -> str:
-    """The Scheme table's "Algorithm": each recipe step in words, then the input scales' calibrator."""
+def recipe_text(build: BuildConfig, t: Any, independent: bool) -> str:
+    """The Scheme table's "Algorithm": each recipe step in words, then the input scales' calibrator. ``independent``:
+    whether the build was verified against a checkpoint this tool did not make (NVIDIA's); only then is RTN said to
+    be that checkpoint's recipe."""
     parts = []
     calls = build.algorithm_calls
     for step in build.recipe:
         if step == "rtn":
-            parts.append(t(_("Round-to-nearest (the recipe of `nvidia/Cosmos3-Nano@fp8`)")))
+            parts.append(t(_("Round-to-nearest (the recipe of `nvidia/Cosmos3-Nano@fp8`)")) if independent
+                         else t(_("Round-to-nearest")))
         elif step in ("smoothquant", "awq"):
             section = build.section(step)
             updown = t(_(" and into `up_proj` for `down_proj`")) if section.fold_up_down else ""
@@ -280,18 +283,23 @@ def recipe_text(build: BuildConfig, t: Any) -> str:
     return t(_("{recipe}; input scales: {observer}")).format(recipe=" + ".join(parts), observer=observer)
 
 
-def scheme_rows(build: BuildConfig, prov: dict[str, Any], t: Any) -> dict[str, str]:
+def scheme_rows(build: BuildConfig, prov: dict[str, Any], t: Any, independent: bool) -> dict[str, str]:
+    """The Scheme table; ``independent`` as for :func:`recipe_text` (otherwise the format is not said to be as in
+    NVIDIA's checkpoint, only written in its layout)."""
     calibration = prov["calibration"]
     version = prov["versions"]["modelopt"]
     if build.scheme == PER_CHANNEL:
         return {"weights": t(_("FP8 E4M3, one scale per output channel")),
                 "activations": t(_("FP8 E4M3, one scale per token, computed at run time (no calibration)")),
-                "format": t(_("ModelOpt {version} `FP8_PER_CHANNEL_PER_TOKEN` (weights `strategy: channel`), in "
-                              "NVIDIA's layout otherwise; exploratory: NVIDIA's policy server cannot serve it")).format(
-                    version=version)}
+                "format": t(_("ModelOpt {version} `FP8_PER_CHANNEL_PER_TOKEN` (weights `strategy: channel`); "
+                              "exploratory: NVIDIA's policy server cannot serve per-channel weight scales or per-token "
+                              "activation scales")).format(version=version)}
     return {"weights": t(_("FP8 E4M3, one scale per tensor")),
             "activations": t(_("FP8 E4M3, one static scale per tensor, calibrated on {calls} transformer calls of the "
                                "BF16 policy on {observations} observations")).format(
                 calls=calibration["calls"], observations=calibration["observations"]),
-            "format": t(_("ModelOpt {version} `FP8` in NVIDIA's layout (`quantization_config`, quantizer buffers and "
-                          "`modelopt_state.pth` as in `nvidia/Cosmos3-Nano@fp8`)")).format(version=version)}
+            "format": (t(_("ModelOpt {version} `FP8` in NVIDIA's layout (`quantization_config`, quantizer buffers and "
+                           "`modelopt_state.pth` as in `nvidia/Cosmos3-Nano@fp8`)")) if independent else
+                       t(_("ModelOpt {version} `FP8`, written in the layout of NVIDIA's FP8 checkpoints "
+                           "(`quantization_config`, quantizer buffers and `modelopt_state.pth`); not compared with "
+                           "`nvidia/Cosmos3-Nano@fp8`"))).format(version=version)}
