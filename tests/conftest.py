@@ -37,11 +37,15 @@ def _isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 def edited_source(tiny: Path, out: Path, tensor: str, edit: Callable[[torch.Tensor], torch.Tensor]) -> Path:
-    """A copy of the tiny source at ``out`` whose transformer tensor ``tensor`` is replaced by ``edit(tensor)``."""
+    """A copy of the tiny source at ``out`` whose transformer tensor ``tensor`` is replaced by ``edit(tensor)``, with
+    the fixture's reference checkpoint beside it where its ``fixture.json`` records one (as ``release fixture``
+    lays them out)."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
     shutil.copytree(tiny / "source", out)
+    if (tiny / "reference").is_dir() and not (out.parent / "reference").exists():
+        shutil.copytree(tiny / "reference", out.parent / "reference")
     index = json.loads((out / "transformer" / "diffusion_pytorch_model.safetensors.index.json").read_text())
     shard = out / "transformer" / index["weight_map"][tensor]
     tensors = load_file(shard)
