@@ -187,3 +187,12 @@ def test_the_source_license_is_read_as_text_and_the_dataset_id_from_its_folder(t
         d.mkdir(parents=True)
     assert hub_id(snapshot) == "lerobot/droid_1.0.1" and hub_id(home) == "cadene/droid"
     assert hub_id(tmp_path / "hub") is None
+
+
+def test_a_chosen_build_without_a_repo_is_refused(card_data: Path, builds: Path) -> None:
+    text = (builds / "release.yaml").read_text().replace(f"  sq_a05: {RTN}-SQ-a05\n", "")
+    (builds / "release.yaml").write_text(text)
+    choose(card_data, ["rtn", "sq_a05"])
+    result = invoke("card", "rtn", "--dist", card_data, "--lang", "en")
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "the selection chose 'sq_a05', which has no repo in 'repos'; add 'sq_a05: REPO'" in result.output

@@ -192,14 +192,12 @@ class ReleaseConfig(_Strict):
 
     @model_validator(mode="after")
     def _deliverable_names(self) -> ReleaseConfig:
-        """Every build the selection may choose, and every override, has a repo to be delivered to."""
-        unmapped = [(f"override.{n}", n) for n in self.override if n not in self.repos]
-        if self.selection is not None:
-            unmapped += [("selection.candidates", n) for n in self.selection.candidates if n not in self.repos]
-        if unmapped:
-            field, name = unmapped[0]
-            raise ValueError(f"'{field}' names {name!r}, which has no repo in 'repos'; add '{name}: REPO' there "
-                             "(a build that may be delivered needs its repo)")
+        """Every override has a repo to be delivered to (a chosen build without one is refused when delivered: the
+        rule may name builds not defined yet)."""
+        name = next((n for n in self.override if n not in self.repos), None)
+        if name is not None:
+            raise ValueError(f"'override.{name}' names {name!r}, which has no repo in 'repos'; add '{name}: REPO' "
+                             "there (a build that may be delivered needs its repo)")
         return self
 
     @field_validator("version")

@@ -267,6 +267,10 @@ def delivery(release: ReleaseConfig, doc: SelectionDoc | None) -> Delivery:
     withheld = {n for n, o in release.override.items() if not o.deliver}
     builds = [n for n in chosen if n not in withheld]
     builds += [n for n, o in release.override.items() if o.deliver and n not in builds]
+    unmapped = next((n for n in builds if n not in release.repos), None)
+    if unmapped is not None:
+        raise ReleaseError(f"{builds_dir() / 'release.yaml'}: the selection chose {unmapped!r}, which has no repo in "
+                           f"'repos'; add '{unmapped}: REPO' there (its build file's repo)")
     return Delivery(builds, chosen, dict(release.override), doc is not None or rule is None)
 
 
