@@ -243,7 +243,6 @@ class Delivery:
     only the rule's ``always`` builds are known to be chosen."""
 
     builds: list[str]
-    chosen: list[str]
     overrides: dict[str, Override]
     selected: bool  # False: no selection.json yet, so only the rule's 'always' builds count as chosen
 
@@ -271,7 +270,7 @@ def delivery(release: ReleaseConfig, doc: SelectionDoc | None) -> Delivery:
     if unmapped is not None:
         raise ReleaseError(f"{builds_dir() / 'release.yaml'}: the selection chose {unmapped!r}, which has no repo in "
                            f"'repos'; add '{unmapped}: REPO' there (its build file's repo)")
-    return Delivery(builds, chosen, dict(release.override), doc is not None or rule is None)
+    return Delivery(builds, dict(release.override), doc is not None or rule is None)
 
 
 def check_delivered(wanted: list[str], have: Delivery, command: str) -> None:
