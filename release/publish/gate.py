@@ -45,9 +45,9 @@ def verified_builds(names: tuple[str, ...], dist: Path, force: str | None,
     if not wanted:
         raise ReleaseError(f"{dist}: none of the builds the release delivers ({', '.join(have.builds) or 'none'}) is "
                            "built there; run 'release build NAME' (and 'release select', which chooses them)")
-    check_delivered(wanted, have, command)
     builds = [load_build(n) for n in wanted]
-    refuse_undeliverable(builds)
+    refuse_undeliverable(builds)  # first: no override can deliver these
+    check_delivered(wanted, have, command)
     reports: Reports = {}
     for b in builds:
         folder = dist / b.repo

@@ -224,9 +224,9 @@ def locked_builds(lock: Lock, path: Path, names: tuple[str, ...],
         delivered = ", ".join(have.builds) or "none"
         raise ReleaseError(f"{path}: holds none of the builds the release delivers ({delivered}); run 'release "
                            "select', build them, then 'release manifest'")
-    check_delivered(wanted, have, "push")
     builds = [load_build(n) for n in wanted]
-    refuse_undeliverable(builds)
+    refuse_undeliverable(builds)  # first: no override can deliver these
+    check_delivered(wanted, have, "push")
     reports: Reports = {}
     for b in builds:
         if b.repo not in by_repo:
