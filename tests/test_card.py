@@ -135,7 +135,8 @@ def test_setup_and_paths_tables_hold_the_seed_figures(seed_records: list[dict[st
     assert rows["알고리즘 데이터"] == "관측마다 하나씩, 트랜스포머 호출 32개"
     assert rows["활성값 캘리브레이션"] == "BF16 정책의 트랜스포머 호출 256개 (관측 32개 × 디노이징 4스텝 × CFG 2회)"
     assert rows["기준 빌드"] == "RTN"
-    assert rows["통계"].startswith("관측 단위 부트스트랩 10,000번; RTN과의 차이는 같은 재표본으로 짝지어 계산")
+    assert rows["통계"].startswith("관측 단위 스튜던트화 부트스트랩 10,000번; RTN과의 차이는 짝지은 관측에 대한 "
+                                 "정확 부호 뒤집기 검정으로 계산하고")
     assert rows["게이트"] == "전체 오차 ≤ 0.13σ, 그리퍼 판정 변화 ≤ 0.5% (≤ 5 / 1024)"
     assert rows["참고 척도"] == "BF16 즉시 실행 대 `torch.compile` 0.130σ, BF16에서 잡음 시드만 바꿀 때 0.392σ"
     assert "DROID 캘리브레이션 랩 (표본 내) 관측 32개" in rows["평가 관측"]
@@ -145,38 +146,49 @@ def test_setup_and_paths_tables_hold_the_seed_figures(seed_records: list[dict[st
 
 @pytest.mark.parametrize("lang", ["en", "ko"])
 def test_conclusions_from_the_seed_figures(seed_records: list[dict[str, Any]], lang: str) -> None:
-    """The seed's conclusions, derived: no NVIDIA-format build beats RTN on fake quant, fake quant and the server
-    rank the shared builds in opposite order, two observations carry most served differences, and the per-channel
-    family has the lowest fake-quant error without a difference to RTN. The seed's figures are its uncorrected
-    intervals (stored as m = 1), so the moving-average observer's served interval counts as excluding zero here."""
+    """The seed's conclusions, derived from its verdicts (its uncorrected intervals, stored as m = 1 with the verdict
+    they draw: tests/data/seed_figures.json): no NVIDIA-format build beats RTN on fake quant and two are worse there,
+    the moving-average observer is lower on the server, two observations carry most served differences, and the
+    per-channel family has the lowest fake-quant error without a build shown lower than RTN. Where the seed said
+    "fake quant and the server rank the shared builds in opposite order (Spearman rho = -0.30)", the rank test now
+    says what rho = -0.30 over 5 builds supports: no agreement either way (exact permutation p = 0.68)."""
     found = conclusions(seed_records, "RTN", Formatter(lang), translations(lang).gettext)
     if lang == "ko":
         assert found == [
-            "- 모의 양자화, 오프라인 재생, 캘리브레이션 랩 (표본 내), NVIDIA 형식 (W8A8 FP8, 텐서별 정적): "
-            "Bonferroni 보정 95% CI (m = 1)가 0을 배제하며 RTN보다 오차가 낮은 빌드는 없습니다.",
-            "- 정책 서버, FP8 GEMM, 전체 랩, NVIDIA 형식 (W8A8 FP8, 텐서별 정적): Bonferroni 보정 95% CI "
-            "(m = 1)가 0을 배제하며 RTN보다 오차가 낮은 빌드: RTN + 이동평균 observer 0.01.",
-            "- 모의 양자화와 정책 서버, FP8 GEMM, 전체 랩에서 함께 평가한 빌드 5개의 순위가 서로 반대입니다 "
-            "(Spearman ρ = -0.30).",
+            "- 모의 양자화, 오프라인 재생, 캘리브레이션 랩 (표본 내), NVIDIA 형식 (W8A8 FP8, 텐서별 정적): RTN보다 "
+            "오차가 낮은 빌드는 없습니다(정확 부호 뒤집기 검정, m = 1에 대한 Holm 보정 p < 0.05 기준).",
+            "- 모의 양자화, 오프라인 재생, 캘리브레이션 랩 (표본 내), NVIDIA 형식 (W8A8 FP8, 텐서별 정적): RTN보다 "
+            "오차가 높은 빌드(m = 1에 대한 Holm 보정 p < 0.05): RTN + RANGE_SHRINK, RTN + HISTOGRAM observer.",
+            "- 정책 서버, FP8 GEMM, 전체 랩, NVIDIA 형식 (W8A8 FP8, 텐서별 정적): RTN보다 오차가 낮은 빌드(정확 부호 "
+            "뒤집기 검정, m = 1에 대한 Holm 보정 p < 0.05): RTN + 이동평균 observer 0.01.",
+            "- 모의 양자화와 정책 서버, FP8 GEMM, 전체 랩: 함께 평가한 빌드 5개의 순위 일치가 드러나지 않습니다 "
+            "(Spearman ρ = -0.30, n = 5, 정확 순열 p = 0.68; 일치는 |ρ| ≥ 0.5이고 p < 0.05일 때만 말합니다).",
             "- 정책 서버, FP8 GEMM, 전체 랩에서 RTN과 벌어진 차이도 대부분 관측 2개에서 나옵니다. 그 2개를 빼면 "
             "차이 4개 중 4개가 절반 아래로 줄어듭니다.",
-            "- 채널별 가중치 / 토큰별 활성값 (탐색용) 계열은 모의 양자화 오차가 가장 낮습니다(SQ auto-α + GPTQ, "
-            "0.088σ). 그러나 보정 CI가 0을 배제하는 RTN 대비 차이가 없고, NVIDIA 정책 서버가 읽는 형식도 아닙니다."]
+            "- 모의 양자화, 오프라인 재생, 캘리브레이션 랩 (표본 내): 채널별 가중치 / 토큰별 활성값 (탐색용) 계열은 "
+            "오차가 가장 낮습니다(SQ auto-α + GPTQ, 0.088σ). 그러나 RTN보다 낮다고 드러난 빌드는 없고(Holm 보정 "
+            "부호 뒤집기 검정), NVIDIA 정책 서버가 읽는 형식도 아닙니다."]
     else:
         assert found[0].startswith("- Fake quant, offline replay, calibration labs (in-sample), NVIDIA's format")
-        assert "rank the 5 builds they share in opposite order (Spearman rho = -0.30)" in found[2]
-        assert found[4].startswith("- The per-channel weight / per-token activation (exploratory) family has the "
-                                   "lowest fake-quant error (SQ auto-α + GPTQ, 0.088 sigma)")
+        assert found[1].endswith("higher error than RTN (Holm-adjusted p < 0.05 over m = 1): RTN + RANGE_SHRINK, "
+                                 "RTN + HISTOGRAM observer.")
+        assert "no rank agreement shown for the 5 builds they share (Spearman rho = -0.30, n = 5, exact permutation " \
+               "p = 0.68;" in found[3]
+        assert "alike" not in " ".join(found) and "opposite" not in " ".join(found)
+        assert found[5].startswith("- Fake quant, offline replay, calibration labs (in-sample): the per-channel weight "
+                                   "/ per-token activation (exploratory) family has the lowest error (SQ auto-α + "
+                                   "GPTQ, 0.088 sigma) but no build of it is shown lower than RTN")
 
 
 @pytest.mark.parametrize("lang", ["en", "ko"])
 def test_formatter_edge_values(lang: str) -> None:
-    """tables.json's undefined (null) and infinite ("inf") values, and p-values with their resolution."""
+    """tables.json's undefined (null) and infinite ("inf") values, and p-values to two significant digits, never
+    rounded across 0.05."""
     f = Formatter(lang)
     assert (f.num(None), f.num("inf"), f.num("-inf", 1), f.num("inf", sign=True)) == ("-", "∞", "-∞", "+∞")
     assert f.num(float("inf"), 2) == "∞" and f.pct(None) == "-"
-    assert f.p(0.0004, bound=True) == "< 0.0004" and f.p(2e-6, bound=True) == "< 0.000002"
-    assert f.p(0.5944, bound=False) == "0.5944" and f.p(1.0, False) == "1"
+    assert (f.p(0.00042), f.p(2 / 2**20), f.p(0.5944), f.p(1.0)) == ("0.00042", "0.000002", "0.59", "1")
+    assert (f.p(0.0496), f.p(0.0503), f.p(0.0488)) == ("0.0496", "0.05", "0.049")
 
 
 def test_korean_catalog_is_complete() -> None:
@@ -246,7 +258,13 @@ def test_card_errors(card_dist: Path) -> None:
     (card_dist / DELIVERED["rtn"] / "provenance.json").unlink()
     result = invoke("card", "rtn", "--dist", card_dist)
     assert result.exit_code == 2 and "provenance.json: missing (provenance); run 'release build rtn'" in result.output
-    (card_dist / "tables" / "tables.json").unlink()
+    tables = card_dist / "tables" / "tables.json"
+    doc = json.loads(tables.read_text())
+    tables.write_text(json.dumps({k: v for k, v in doc.items() if k != "method"}))  # an older release tables'
+    result = invoke("card", "sq_auto", "--dist", card_dist)
+    assert result.exit_code == 2 and "tables.json: made by an older 'release tables' (no 'method'" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    tables.unlink()
     result = invoke("card", "sq_auto", "--dist", card_dist)
     assert result.exit_code == 2 and "tables.json: missing (fidelity tables); run 'release tables'" in result.output
 
@@ -344,6 +362,11 @@ def test_korean_particles_follow_the_rendered_values(card_dist: Path) -> None:
     assert invoke("card", "rtn_mavg", "--dist", card_dist, "--lang", "en,ko").exit_code == 0
     ko = (card_dist / DELIVERED["rtn_mavg"] / "README.ko.md").read_text(encoding="utf-8")
     assert "`release` 0.1.0으로 만들었습니다" in ko
+    assert "`release verify`로 `reference`와 비교해" in ko  # the fixture's reference folder
+    report = card_dist / DELIVERED["rtn_mavg"] / "verification" / "report.json"
+    report.write_text(report.read_text().replace('"reference": "reference"', '"reference": "' + DELIVERED["rtn"] + '"'))
+    assert invoke("card", "rtn_mavg", "--dist", card_dist, "--lang", "en,ko").exit_code == 0
+    ko = (card_dist / DELIVERED["rtn_mavg"] / "README.ko.md").read_text(encoding="utf-8")
     assert "`release verify`로 `Cosmos3-Nano-Policy-DROID-FP8`과 비교해" in ko
     assert "FP8 (RTN, NVIDIA와 같은 레시피)와의 차이" in ko  # after the title's last word, 레시피
     assert not MARKER.search(ko)
@@ -354,8 +377,9 @@ def test_cards_show_titles_verification_and_yardsticks_in_their_language(card_di
     ko = (card_dist / DELIVERED["sq_auto"] / "README.ko.md").read_text(encoding="utf-8")
     assert "# Cosmos3-Nano-Policy-DROID, FP8 + SmoothQuant (레이어별 α 탐색) (ModelOpt W8A8, 텐서별 정적)" in ko
     assert "SmoothQuant는 양자화 전에 활성값의 범위를 가중치로 옮기고" in ko  # the build file's Korean description
-    assert "| 파일, 텐서 이름, 데이터 타입, 형태 | 통과 | 자기 참조, 독립적인 근거 아님: 공통 텐서 341개, " \
-           "데이터 타입이나 형태가 다른 텐서 0개; 한쪽에만 있는 파일: 도구 부속 파일 1개 |" in ko
+    assert "| 파일, 텐서 이름, 데이터 타입, 형태 | 통과 | ModelOpt 자체 내보내기와 비교: 공통 텐서 257개, 데이터 " \
+           "타입이나 형태가 다른 텐서 0개; 한쪽에만 있는 파일: 도구 부속 파일 3개; ModelOpt 양자화기 버퍼 84개는 " \
+           "빌드에만 있음(ModelOpt의 내보내기는 이를 쓰지 않음) |" in ko
     assert "| BF16 시드 대 BF16 다른 시드 (참고 척도) | BF16 참고 척도, 전체 랩 |" in ko
     assert "common tensors" not in ko and "(yardstick)" not in ko
 
@@ -379,12 +403,12 @@ def test_failed_and_skipped_checks_and_a_report_without_details(card_dist: Path)
 
 @pytest.mark.parametrize("kind", ["self-reference", "modelopt-export", "independent"])
 def test_only_an_independent_reference_backs_nvidias_layout(kind: str, card_dist: Path) -> None:
-    """The card data's RTN build was verified against itself: its card says so and claims neither NVIDIA's layout
-    nor its recipe, nor does a verification against ModelOpt's own export; against an independent checkpoint
-    (NVIDIA's) it does."""
+    """The card data's RTN build was verified against ModelOpt's own export (the fixture's reference): its card
+    claims neither NVIDIA's layout nor its recipe, nor does one verified against itself; against an independent
+    checkpoint (NVIDIA's) it does."""
     path = card_dist / DELIVERED["rtn"] / "verification" / "report.json"
     report = json.loads(path.read_text())
-    assert {c["details"]["reference"]["kind"] for c in report["checks"][:3]} == {"self-reference"}
+    assert {c["details"]["reference"]["kind"] for c in report["checks"][:3]} == {"modelopt-export"}
     for c in report["checks"][:3]:
         c["details"]["reference"]["kind"] = kind
     path.write_text(json.dumps(report))
@@ -393,10 +417,11 @@ def test_only_an_independent_reference_backs_nvidias_layout(kind: str, card_dist
     ko = (card_dist / DELIVERED["rtn"] / "README.ko.md").read_text(encoding="utf-8")
     claims = ["as in `nvidia/Cosmos3-Nano@fp8`)", "Round-to-nearest (the recipe of `nvidia/Cosmos3-Nano@fp8`)"]
     self_reference = "| `quantization_config`, root `hf_quant_config.json` | passed | self-reference, no independent " \
-        "evidence: identical to the reference's |"
+        "evidence: identical to the reference's in every field it has;"
     if kind == "independent":
         assert all(claim in en for claim in claims) and "self-reference" not in en and "자기 참조" not in ko
-        assert "| `quantization_config`, root `hf_quant_config.json` | passed | identical to the reference's |" in en
+        assert "| `quantization_config`, root `hf_quant_config.json` | passed | identical to the reference's in " \
+            "every field it has;" in en
         return
     assert not any(claim in en for claim in claims)
     assert "not compared with `nvidia/Cosmos3-Nano@fp8`" in en and "`nvidia/Cosmos3-Nano@fp8`과 비교하지 않음" in ko
@@ -404,7 +429,7 @@ def test_only_an_independent_reference_backs_nvidias_layout(kind: str, card_dist
         assert self_reference in en and "That reference is a build of this tool (a self-reference)" in en
         assert "자기 참조, 독립적인 근거 아님: 기준 체크포인트의 설정과 같음" in ko
     else:
-        assert "| passed | against ModelOpt's own export: identical to the reference's |" in en
+        assert "| passed | against ModelOpt's own export: identical to the reference's in every field it has;" in en
         assert "That reference is ModelOpt's own Hugging Face export (`export_hf_checkpoint`)" in en
         assert "ModelOpt 자체 내보내기와 비교: " in ko and "self-reference" not in en
 
@@ -423,7 +448,23 @@ def test_the_baseline_named_is_tables_jsons(card_dist: Path) -> None:
     assert "차이의 기준 빌드는 FP8 RTN + 이동평균 옵저버 0.01입니다." in ko
 
 
+def gpu_measured(dist: Path, build: str) -> None:
+    """``build``'s deployed rows as an evaluation on an H200 records them (the card data's ran on a CPU), and no
+    selection.json, which was made from the tables before the edit."""
+    path = dist / "tables" / "tables.json"
+    doc = json.loads(path.read_text())
+    for r in doc["records"]:
+        if r["build"] == build and r["path"] == "deployed":
+            r["speed"] = {"bf16": {"device": "NVIDIA H200", "peak_gib": 28.86, "rollouts": 16, "seconds": 1.1354},
+                          "build": {"device": "NVIDIA H200", "peak_gib": 15.92, "rollouts": 16, "seconds": 2.6345}}
+            r["computed"] |= {"device": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0",
+                              "kernel": "modelopt-fp8-gemm"}
+    path.write_text(json.dumps(doc))
+    (dist / "selection.json").unlink()
+
+
 def test_use_section_gives_the_restore_and_the_policy_server_settings(card_dist: Path) -> None:
+    gpu_measured(card_dist, "rtn")
     assert invoke("card", "rtn", "--dist", card_dist).exit_code == 0
     use = (card_dist / DELIVERED["rtn"] / "README.md").read_text(encoding="utf-8").split("## Use")[1]
     assert 'mto.enable_huggingface_checkpointing()\npath = snapshot_download("np-cr/Cosmos3-Nano-Policy-DROID-FP8")\n' \
@@ -432,7 +473,7 @@ def test_use_section_gives_the_restore_and_the_policy_server_settings(card_dist:
     assert "compute capability 8.9 or later" in use and "pip install nvidia-modelopt==0.47.0 torch==2.13.0 " \
            "diffusers==0.42.1\n" in use  # provenance.json's versions, torch's local label (+cpu) dropped
     assert "GPU memory: 15.9 GiB at peak during one policy rollout, measured on `NVIDIA H200` by the deployed " \
-           "evaluation (`results/deployed-all.perf.json`)" in use  # tables.json's speed of rtn's deployed row
+           "evaluation (`results/deployed-all.perf.json`)" in use  # the speed of rtn's deployed row
     assert invoke("card", "sq_auto", "--dist", card_dist).exit_code == 0  # its deployed rows ran on a CPU
     assert "GPU memory: not measured, the deployed evaluation ran on a CPU" in \
         (card_dist / DELIVERED["sq_auto"] / "README.md").read_text(encoding="utf-8")
@@ -473,8 +514,8 @@ def test_forest_plot_is_drawn_per_build_in_the_cards_language(card_dist: Path) -
     assert all((card_dist / repo / f"forest.{lang}.png").read_bytes() == png for (repo, lang), png in plots.items())
     records = read_tables_doc(card_dist / "tables" / "tables.json")["records"]
     t = translations("ko").gettext
-    have = delivery(load_release(), read_selection(card_dist))  # the selection chose RTN and the moving average
+    have = delivery(load_release(), read_selection(card_dist))  # RTN alone: no other candidate passed its gate
     assert [label for _, label in forest_rows(marked(titled(records, "ko", t), have), t)] == [
-        "FP8 (RTN, NVIDIA와 같은 레시피) (전달)", "FP8 RTN + 이동평균 옵저버 0.01 (전달)",
+        "FP8 (RTN, NVIDIA와 같은 레시피) (전달)", "FP8 RTN + 이동평균 옵저버 0.01",
         "FP8 + SmoothQuant (레이어별 α 탐색)", "BF16 즉시 실행 대 BF16 torch.compile (참고 척도)",
         "BF16 시드 대 BF16 다른 시드 (참고 척도)"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CARD_DATA, choose, invoke
+from tests.conftest import CARD_DATA, choose, invoke, relax_gate
 from tests.test_push import add_card
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -58,15 +58,20 @@ def test_the_cards_name_the_builds_the_selection_chose(card_data: Path) -> None:
 
 def test_select_prints_what_the_release_delivers(card_data: Path, builds: Path) -> None:
     result = invoke("select", "--dist", card_data)
+    assert result.exit_code == 0 and "delivered: rtn\n" in result.output, result.output  # none other passes its gate
+    relax_gate(builds, card_data)
+    result = invoke("select", "--dist", card_data)
     assert result.exit_code == 0 and "delivered: rtn, rtn_mavg\n" in result.output, result.output
     _override(builds, "  rtn_mavg: {deliver: false, reason: kept back}\n  sq_auto: {deliver: true, reason: x}\n")
     result = invoke("select", "--dist", card_data)
     assert result.exit_code == 0 and "delivered: rtn, sq_auto\n" in result.output, result.output
 
 
-def test_the_opening_advice_comes_from_the_delivered_builds_results(card_data: Path) -> None:
-    """With the committed selection (RTN and RTN + moving average chosen) and no held-out results, the advice
-    compares those two on the deployed path they share and names the lower."""
+def test_the_opening_advice_comes_from_the_delivered_builds_results(card_data: Path, builds: Path) -> None:
+    """With RTN and RTN + moving average chosen (its gate relaxed) and no held-out results, the advice compares those
+    two on the deployed path they share and names the lower."""
+    relax_gate(builds, card_data)
+    assert invoke("select", "--dist", card_data).exit_code == 0
     assert invoke("card", "rtn", "--dist", card_data, "--lang", "en").exit_code == 0
     opening = (card_data / RTN / "README.md").read_text().split("Sibling repositories")[0]
     tables = json.loads((card_data / "tables" / "tables.json").read_text())
@@ -84,6 +89,8 @@ def test_an_override_delivers_another_build_and_the_cards_say_why(card_data: Pat
 
 
 def test_an_override_that_changes_nothing_is_refused(card_data: Path, builds: Path) -> None:
+    relax_gate(builds, card_data)
+    assert invoke("select", "--dist", card_data).exit_code == 0
     _override(builds, "  rtn_mavg: {deliver: true, reason: it is good}\n")  # the selection chose it already
     _refused(invoke("card", "rtn", "--dist", card_data), "override.rtn_mavg", "chose 'rtn_mavg'",
              "chosen: rtn, rtn_mavg", "remove the override")

@@ -17,6 +17,8 @@ import pandas as pd
 import pytest
 
 from release.core.builds import load_build
+from release.measure.paired import EXACT_MAX_N, min_resamples
+from release.measure.stats import decimals
 from tests.conftest import ROOT, invoke
 
 CARD_INPUTS = ROOT / "tests" / "data" / "cards"
@@ -36,12 +38,16 @@ def _chunks(n: int, seed: int = 0) -> np.ndarray:
 
 
 def write_results(path: Path, reference: np.ndarray, candidate: np.ndarray, obs_ids: np.ndarray,
-                  sigma: np.ndarray = SIGMA) -> Path:
+                  sigma: np.ndarray = SIGMA, labs: np.ndarray | None = None) -> Path:
+    """A results file as release eval writes it; ``labs``: the lab of each row (release eval records them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     computed = {"device": "cpu", "torch": "2.13.0+cpu", "cuda": None, "gemm_shapes": [[164, 64, 128]],
                 "kernel": "emulation" if path.name.startswith("deployed") else None}  # as release eval records it
-    np.savez(path, reference=reference, candidate=candidate, obs_ids=obs_ids, sigma=sigma,
-             computed=np.array(json.dumps(computed)))
+    arrays: dict[str, Any] = {"reference": reference, "candidate": candidate, "obs_ids": obs_ids, "sigma": sigma,
+                              "computed": np.array(json.dumps(computed))}
+    if labs is not None:
+        arrays["labs"] = labs
+    np.savez(path, **arrays)
     return path
 
 
@@ -89,7 +95,7 @@ def cards(dist: Path, name: str = "sq_auto") -> tuple[str, str]:
 
 def row(card: str, label: str, cells: int | None = None) -> list[str]:
     """The cells of the first card table row whose first cell starts with ``label`` (and that has ``cells`` cells:
-    the deployed results have 8, the fidelity table 7, the attribution 5)."""
+    the deployed results have 9, the fidelity table 7, the attribution 5)."""
     line = next(x for x in card.splitlines() if x.startswith(f"| {label}")
                 and (cells is None or x.count("|") == cells + 1))
     return [c.strip() for c in line.strip("|").split("|")]
@@ -107,10 +113,15 @@ def test_compile_yardstick_equal_to_its_reference(dist: Path) -> None:
     assert rows[("rtn", "deployed")]["x_eager_vs_compile"] == "inf"  # an error > 0 in units of a zero yardstick
     assert rows[("yardstick-seed", "yardstick")]["x_eager_vs_compile"] == "inf"
     assert set(csv(dist, "fidelity")["x eager-vs-compile"]) == {"∞"}
+    # the yardstick is the equivalence margin ('compile'): a margin of 0 makes no build "equivalent"
+    mavg = rows[("rtn_mavg", "deployed")]
+    assert mavg["margin"] == 0 and mavg["diff_verdict"] == "not shown" and mavg["non_inferior"] is False
+    assert rows[("sq_auto", "deployed")]["diff_verdict"] == "lower"
     en, ko = cards(dist)
     for card, yardstick in ((en, "BF16 eager vs BF16 torch.compile"), (ko, "BF16 즉시 실행 대 BF16 `torch.compile`")):
         assert row(card, yardstick)[3:6:2] == ["-", "∞"]  # ratio, SNR
         assert row(card, "FP8 + SmoothQuant")[3] == "∞"
+    assert "equivalent to" not in en and "동등한 빌드" not in ko
 
 
 # items 14 and 10 (a damaged results file) ----------------------------------------------------------------------------
@@ -190,19 +201,26 @@ def test_too_few_observations(tmp_path: Path) -> None:
     rows = tables(dist)
     for key in (("rtn", "deployed"), ("sq_auto", "deployed"), ("yardstick-compile", "yardstick")):
         assert rows[key]["n_obs"] == 2 and rows[key]["overall_ci"] is None and rows[key]["too_few_observations"]
+        assert rows[key]["gripper_ci"] is None and rows[key]["gate_within_noise"] is None
     sq = rows[("sq_auto", "deployed")]
     assert sq["diff_to_baseline"] < 0 and sq["diff_too_few_observations"] and sq["comparisons"] == 2
-    assert [sq[k] for k in ("diff_ci", "diff_ci_corrected", "diff_p", "diff_p_corrected")] == [None] * 4
-    assert all(cell.endswith(" (too few observations)") for cell in csv(dist, "fidelity")["overall (sigma) [95% CI]"])
+    assert [sq[k] for k in ("diff_ci", "diff_ci_corrected", "diff_p", "diff_p_corrected", "diff_verdict",
+                            "non_inferior")] == [None] * 6
+    fidelity = csv(dist, "fidelity")
+    for column in ("overall (sigma) [95% CI]", "gripper agree [95% CI]"):
+        assert all(cell.endswith(" (too few observations)") for cell in fidelity[column])
     ranking = csv(dist, "ranking").set_index("build")
     sq_title = load_build("sq_auto").text("title")
-    assert ranking.loc[sq_title, "vs baseline [Bonferroni-corrected 95% CI]"].endswith(" (too few observations)")
-    assert ranking.loc[sq_title, "p (Bonferroni-corrected)"] == "too few observations"
+    assert ranking.loc[sq_title, "vs baseline [Holm-adjusted 95% CI]"].endswith(" (too few observations)")
+    assert ranking.loc[sq_title, "p (sign-flip, Holm-adjusted)"] == "too few observations"
     en, ko = cards(dist)
     for card, too_few in ((en, "too few observations"), (ko, "관측 수 부족")):
-        assert row(card, "FP8 + SmoothQuant")[2].endswith(f" ({too_few})")  # fidelity: no interval
-        deployed = row(card, "FP8 + SmoothQuant", cells=8)  # the comparison's deployed results
-        assert deployed[2].endswith(f" ({too_few})") and deployed[3] == too_few  # difference and p
+        fidelity_row = row(card, "FP8 + SmoothQuant")
+        assert fidelity_row[2].endswith(f" ({too_few})") and fidelity_row[6].endswith(f" ({too_few})")  # no interval
+        deployed = row(card, "FP8 + SmoothQuant", cells=9)  # the comparison's deployed results
+        assert deployed[1].endswith(f" ({too_few})") and deployed[2].endswith(f" ({too_few})")  # sigma, difference
+        assert deployed[3:5] == [too_few, too_few]  # p and verdict
+        assert not any("[" in cell for cell in fidelity_row + deployed)
     assert ("Deployed, CPU emulation, held-out labs: too few observations to compare the builds with FP8 (RTN, "
             "NVIDIA-identical recipe).") in en
     assert "관측 수가 너무 적어 빌드를 FP8 (RTN, NVIDIA와 같은 레시피)와 비교할 수 없습니다." in ko
@@ -228,35 +246,74 @@ def test_candidate_equal_to_its_reference(tmp_path: Path) -> None:
 
 # item 17 -------------------------------------------------------------------------------------------------------------
 
-def test_bonferroni_m_is_the_family_not_the_command_line(dist: Path) -> None:
+def test_holm_family_is_the_dist_not_the_command_line(dist: Path) -> None:
     full = tables(dist)[("sq_auto", "deployed")]
     alone = tables(dist, "sq_auto")[("sq_auto", "deployed")]
     assert type(full["comparisons"]) is int and full["comparisons"] == alone["comparisons"] == 2
     assert alone["diff_ci_corrected"] == full["diff_ci_corrected"]
+    assert alone["diff_p_corrected"] == full["diff_p_corrected"] == 2 * full["diff_p"]
 
 
-def test_p_of_zero_is_a_bound_and_the_corrected_interval_is_shown(dist: Path) -> None:
+def test_smallest_exact_p_is_printed_and_the_interval_is_holms(dist: Path) -> None:
+    """sq_auto's error is below RTN's on each of the 16 observations: its exact sign-flip p is the smallest there is,
+    2 / 2^16 (the two patterns of all signs alike), an exact value and no bound; Holm's adjusted p is m = 2 times it,
+    and its interval is at Holm's level for the smallest p, 0.05 / 2, wider than the plain one. rtn_mavg, Holm's
+    second (p > 0.05), is tested at 0.05: its interval is the plain one."""
     rows = tables(dist)
     sq, mavg = rows[("sq_auto", "deployed")], rows[("rtn_mavg", "deployed")]
-    assert sq["diff_p_bound"] and sq["diff_p"] == 2 / int(RESAMPLES) and sq["diff_p_corrected"] == 4 / int(RESAMPLES)
-    assert not mavg["diff_p_bound"] and 0 < mavg["diff_p"] < 1
+    assert "diff_p_bound" not in sq
+    assert sq["diff_p"] == 2 / 2**16 and sq["diff_p_corrected"] == 4 / 2**16
+    assert 0.05 < mavg["diff_p"] < 1 and mavg["diff_p_corrected"] == mavg["diff_p"]
     lo, hi = sq["diff_ci_corrected"]
-    assert lo < sq["diff_ci"][0] and hi > sq["diff_ci"][1]  # m = 2: wider than the plain interval
+    assert lo < sq["diff_ci"][0] and hi > sq["diff_ci"][1] and hi < 0
+    assert mavg["diff_ci_corrected"] == mavg["diff_ci"]
+    assert sq["diff_verdict"] == "lower"
+    method = json.loads((dist / "tables" / "tables.json").read_text())["method"]
+    assert (method["test"], method["correction"]) == ("sign-flip", "holm")
+    assert [(f["path"], f["split"], f["m"], sorted(f["builds"]), f["patterns"]) for f in method["families"]] == [
+        ("deployed", "validation", 2, ["rtn_mavg", "sq_auto"], "exact, all 2^16 sign patterns")]
+    digits = decimals(sq["diff_ci_corrected"])
+    shown = f"{sq['diff_to_baseline']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]"
+    p_shown = "0.000061"  # 4 / 2^16 = 0.0000610...: exact, printed to two significant digits
     ranking = csv(dist, "ranking").set_index("build")
     sq_title = load_build("sq_auto").text("title")
-    assert ranking.loc[sq_title, "vs baseline [Bonferroni-corrected 95% CI]"] == \
-        f"{sq['diff_to_baseline']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
-    assert ranking.loc[sq_title, "p (Bonferroni-corrected)"] == "< 0.008"
-    assert ranking.loc[sq_title, "m"] == "2"
+    assert ranking.loc[sq_title, "vs baseline [Holm-adjusted 95% CI]"] == shown
+    assert ranking.loc[sq_title, "p (sign-flip, Holm-adjusted)"] == p_shown
+    assert ranking.loc[sq_title, "m"] == "2" and ranking.loc[sq_title, "verdict"] == "lower"
     en, ko = cards(dist)
-    header = row(en, "build | deployed sigma")
-    assert header[2:4] == ["deployed vs baseline, Bonferroni-corrected 95% CI (m = 2)",
-                           "p, Bonferroni-corrected (m = 2)"]
-    assert row(ko, "빌드 | 배포 σ")[2:4] == ["배포 기준 빌드 대비 [Bonferroni 보정 95% CI (m = 2)]",
-                                           "p값 (Bonferroni 보정, m = 2)"]
-    for card in (en, ko):
-        deployed = row(card, "FP8 + SmoothQuant", cells=8)
-        assert deployed[2] == f"{sq['diff_to_baseline']:+.3f} [{lo:+.3f}, {hi:+.3f}]" and deployed[3] == "< 0.008"
+    assert row(en, "build | deployed sigma")[2:5] == ["deployed vs baseline, Holm-adjusted 95% CI (m = 2)",
+                                                      "p, sign-flip, Holm-adjusted (m = 2)", "verdict"]
+    assert row(ko, "빌드 | 배포 σ")[2:5] == ["배포 기준 빌드 대비 [Holm 보정 95% CI (m = 2)]",
+                                           "p값 (부호 뒤집기, Holm 보정, m = 2)", "판정"]
+    for card, lower in ((en, "lower"), (ko, "낮음")):
+        assert row(card, "FP8 + SmoothQuant", cells=9)[2:5] == [shown, p_shown, lower]
+
+
+def test_too_few_resamples_for_the_largest_family_are_refused(tmp_path: Path) -> None:
+    """On 24 observations (more than EXACT_MAX_N: random sign patterns), gptq's deployed results beside those of
+    sq_auto and rtn_mavg, and fake-quant results of sq_auto alone: the deployed family (m = 3) is the largest, and its
+    corrected level 0.05 / 3 needs min_resamples(3) random sign patterns (the command line takes 100 at least, so
+    m = 2 would not show it). On 16 observations every pattern is enumerated, and 100 resamples are enough."""
+    exact = make_dist(tmp_path / "exact")
+    assert invoke("tables", "--dist", exact, "--resamples", "100").exit_code == 0
+    dist = make_dist(tmp_path / "sampled", n=EXACT_MAX_N + 4)
+    results = dict(np.load(dist / _repo("rtn_mavg") / "results" / "deployed-validation.npz"))
+    write_results(dist / _repo("gptq") / "results" / "deployed-validation.npz", results["reference"],
+                  results["candidate"], results["obs_ids"])
+    for name in ("rtn", "sq_auto"):
+        results = dict(np.load(dist / _repo(name) / "results" / "deployed-validation.npz"))
+        write_results(dist / _repo(name) / "results" / "fakequant-validation.npz", results["reference"],
+                      results["candidate"], results["obs_ids"])
+    need = min_resamples(3)
+    assert need > 100 > min_resamples(1)
+    result = invoke("tables", "--dist", dist, "--resamples", str(need - 1))
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"error: --resamples {need - 1}: ") and "deployed/validation (m = 3" in \
+        result.output and f"pass --resamples {need} or more" in result.output, result.output
+    assert not (dist / "tables").exists()  # nothing written
+    result = invoke("tables", "--dist", dist, "--resamples", str(need))
+    assert result.exit_code == 0, result.output
+    assert json.loads((dist / "tables" / "tables.json").read_text())["resamples"] == need
 
 
 def test_mismatched_observations_are_an_error_naming_both_files(dist: Path) -> None:

@@ -96,6 +96,9 @@ class PolicySettings(_Strict):
     domain: str = "droid_lerobot"
     resolution_tier: int = 256
     noise_seed: int = 0
+    noise_seeds: int = Field(1, ge=1, le=64, description="rollouts per observation, under noise seeds noise_seed, "
+                             "noise_seed + 1, ...: the statistics average them within the observation, so results "
+                             "hold beyond one noise draw (K times the rollouts)")
 
 
 BUILD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # a build file's stem: builds/<name>.yaml
@@ -171,6 +174,10 @@ class ReleaseConfig(_Strict):
     heldout_labs: list[str] = []
     action_stats: str = Field("action_stats.json", description="per-dimension action sigma, in the observation set")
     selection: Selection | None = None
+    equivalence_margin: Literal["compile"] | Annotated[float, Field(gt=0)] = Field(
+        "compile", description="the practical floor of a difference to the baseline, in sigma: 'compile' (the "
+        "overall error of BF16 eager vs BF16 torch.compile on the same split, the tables' yardstick) or a number. "
+        "A build whose Holm-adjusted interval lies within +-margin is 'equivalent', not 'lower' or 'higher'")
     sweep: list[str] = Field([], description="the builds 'release build --all' makes, in the campaign's order "
                              "(default: every build file)")
 

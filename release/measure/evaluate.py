@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,21 +29,15 @@ from release.core.io import atomic_write, cache_dir, read_json, write_json
 from release.core.profile import device_name, stage
 from release.inputs.observations import Observation, action_sigma, load_observations, observation_set_digest
 from release.inputs.source import resolve_source, source_revision
+from release.measure.layout import EXTERNAL, EXTERNAL_TITLE, PERF, RESULTS, YARDSTICKS, as_external, external_name
 from release.quantize.load import deployed_transformer, fakequant_transformer
 
 Path_ = Literal["fakequant", "deployed", "served"]
 Split = Literal["calibration", "validation", "all"]
-RESULTS = "results"
-PERF = ".perf.json"  # beside a cached rollout or a results file: latency and peak GPU memory
 HOW = ".how.json"  # beside a cached rollout: the machine, versions, FP8 GEMM kernel and GEMM shapes it ran with
 SERVED = "policy-server"  # the kernel of imported results: the server's, not recorded here
-YARDSTICKS = "yardsticks"
 SEEDS_YARDSTICK = (4, 4)  # observations x seeds
 EMULATION = "fp8-gemm-emulation/5"  # fp32 input quotient; Hopper's fast-accumulation arithmetic (zero codes); row-wise
-
-
-EXTERNAL = "external"  # <dist>/external/<name>/: an FP8 checkpoint made elsewhere, evaluated beside the builds
-EXTERNAL_TITLE = "published NVIDIA FP8"
 
 
 @dataclass(frozen=True)
@@ -57,27 +50,6 @@ class Subject:
     results: Path  # where its results/ go
     revision: str | None = None  # an external checkpoint's commit or content hash (its rollouts' cache key)
     spec: str | None = None  # an external checkpoint as named on the command line
-
-
-def external_name(spec: str) -> str:
-    """A folder name for an external checkpoint named by a Hub id or a path (``nvidia/Cosmos3-Nano@fp8`` ->
-    ``nvidia-Cosmos3-Nano-fp8``): letters, digits, ``-`` and ``_`` only, so it stays inside ``<dist>/external``."""
-    return re.sub(r"[^A-Za-z0-9_]+", "-", spec).strip("-")[:96] or "checkpoint"
-
-
-def _as_external(name: str, title: str) -> BuildConfig:
-    return load_build("rtn").model_copy(update={"name": name, "title": title, "delivered": False,
-                                                "repo": f"{EXTERNAL}/{name}"})
-
-
-def external_builds(dist: Path) -> list[BuildConfig]:
-    """The external checkpoints evaluated into ``dist`` (``release eval --external``), as the build configuration
-    ``release tables`` scores them with: RTN's, under their own name and title."""
-    out = []
-    for meta in sorted((dist / EXTERNAL).glob("*/external.json")):
-        doc = read_json(meta, "external checkpoint", "release eval --external CHECKPOINT", ("name", "title"))
-        out.append(_as_external(external_name(str(doc["name"])), str(doc["title"])))
-    return out
 
 
 @dataclass(frozen=True)
@@ -120,7 +92,7 @@ class EvalRequest:
                 raise ReleaseError(f"--external {external}: {folder} has no transformer/modelopt_state.pth; it must "
                                    "be a ModelOpt FP8 checkpoint in NVIDIA's diffusers layout")
             name = external_name(external)
-            subjects.append(Subject(_as_external(name, external_title), folder, dist / EXTERNAL / name,
+            subjects.append(Subject(as_external(name, external_title), folder, dist / EXTERNAL / name,
                                     source_identity(folder).revision, external))
         src = resolve_source(release, source)
         obs = observations or src.parent / "observations"
@@ -332,10 +304,12 @@ def run_eval(request: EvalRequest) -> list[Path]:
     from release.core.distributed import world
 
     policy: PolicySettings = request.release.policy
-    obs = select(load_observations(request.observations), request.release, request.split)
+    split = select(load_observations(request.observations), request.release, request.split)
     sigma = action_sigma(request.observations, request.release.action_stats, policy.action_dims)
     labels = {s.build.name: _label(request, s) for s in request.subjects}  # before any model runs
-    seeds = [policy.noise_seed] * len(obs)
+    # each observation under noise_seeds seeds: rows of one observation, which the statistics average and resample
+    obs = [o for o in split for _ in range(policy.noise_seeds)]
+    seeds = [policy.noise_seed + k for _ in split for k in range(policy.noise_seeds)]
     reference = rollouts(request, "bf16", lambda: None, obs, seeds, {})
     written = []
     deployed_kwargs = {"mixed_precision_format": "none"}  # W8A8 on every step, as NVIDIA's policy server serves it

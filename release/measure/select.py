@@ -7,7 +7,8 @@ The rule, as the seed card states it: the candidates are scored on one path and 
 ``tie_break`` metrics in order and last to the order of the candidate list. ``always`` builds (RTN, the reference)
 are chosen whatever their scores, and ``count`` more from the top of the ranking among those that pass their gate.
 A candidate without results on the rule's path and split, or without a build file, is listed as not evaluated and
-cannot be chosen by rank.
+cannot be chosen by rank. How often the rule makes the same choice on bootstrap resamples of the observations is
+``stability`` (:mod:`release.measure.stability`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from release.core.builds import load_build, load_release
 from release.core.config import Override, ReleaseConfig, Selection, builds_dir
 from release.core.errors import GateError, ReleaseError
 from release.core.io import build_date, output_folder, read_json, sha256_file, write_json
+from release.measure.stability import SKIPPED, TIE_BREAK_SIGN, Entry, Skipped, Stability, bootstrap, read_sums
 from release.measure.stats import gate_failures
 
 FORMAT = "release-selection/1"
 TABLES = Path("tables") / "tables.json"
 SELECTION = "selection.json"
-TIE_BREAK_SIGN = {"gripper_agree": -1, "joint_mae_deg": 1}  # 1: the lower value ranks first, -1: the higher
 NOT_EVALUATED = {"no_build_file": "no build file", "no_results": "no results on the rule's path and split"}
 
 
@@ -42,7 +43,7 @@ class Scores(_Doc):
     overall_sigma: float
     overall_ci: tuple[float, float] | None  # None: too few observations for an interval
     gripper_agree: float
-    gripper_ci: tuple[float, float]
+    gripper_ci: tuple[float, float] | None  # None: too few observations
     gripper_changes: int
     joint_mae_deg: float
     n_obs: int
@@ -91,6 +92,16 @@ class SelectionDoc(_Doc):
     tables_sha256: str
     candidates: list[Candidate]
     chosen: list[str]
+    # the rule on bootstrap resamples of the observations; None (with why) when it could not be computed, and in a
+    # file written before it was recorded (neither field: such a file still reads, and the card omits the figures)
+    stability: Stability | None = None
+    stability_skipped: Skipped | None = None
+
+    @model_validator(mode="after")
+    def _stability_or_why_not(self) -> SelectionDoc:
+        if self.stability is not None and self.stability_skipped is not None:
+            raise ValueError("'stability' and 'stability_skipped' exclude each other")
+        return self
 
 
 def read_tables_doc(path: Path) -> dict[str, Any]:
@@ -214,6 +225,7 @@ class SelectRequest:
     rule: Selection
     tables: Path
     out: Path
+    dist: Path
 
     @classmethod
     def create(cls, dist: Path) -> SelectRequest:
@@ -222,7 +234,7 @@ class SelectRequest:
             raise ReleaseError(f"{builds_dir() / 'release.yaml'}: no 'selection' section; add one (candidates, path, "
                                "split, tie_break, always, count: see the README) to use 'release select'")
         output_folder(dist, "--dist")
-        return cls(release, release.selection, dist / TABLES, dist / SELECTION)
+        return cls(release, release.selection, dist / TABLES, dist / SELECTION, dist)
 
 
 def run_select(request: SelectRequest) -> SelectionDoc:
@@ -230,10 +242,28 @@ def run_select(request: SelectRequest) -> SelectionDoc:
 
     records = read_tables(request.tables)
     candidates, chosen = rank(request.rule, records, request.tables)
+    stability = selection_stability(request, candidates, chosen)
     doc = SelectionDoc(format=FORMAT, date=datetime.fromisoformat(build_date()), rule=request.rule,
-                       tables_sha256=sha256_file(request.tables), candidates=candidates, chosen=chosen)
+                       tables_sha256=sha256_file(request.tables), candidates=candidates, chosen=chosen,
+                       stability=stability if isinstance(stability, Stability) else None,
+                       stability_skipped=None if isinstance(stability, Stability) else stability)
     write_json(request.out, doc.model_dump(mode="json"))
     return doc
+
+
+def selection_stability(request: SelectRequest, candidates: list[Candidate], chosen: list[str]) -> Stability | Skipped:
+    """The rule on bootstrap resamples of the observations, for the evaluated candidates (from their results files),
+    or why it could not be computed."""
+    entries = []
+    for c in candidates:
+        if c.scores is not None and c.gate is not None:
+            build = load_build(c.build)
+            entries.append(Entry(build=c.build, repo=build.repo, position=c.position,
+                                 overall_sigma=c.scores.overall_sigma, gripper_changes=c.scores.gripper_changes,
+                                 n_obs=c.scores.n_obs, n_steps=c.scores.n_steps, limit_sigma=build.gate.overall_sigma,
+                                 change_rate=build.gate.gripper_change_rate))
+    sums = read_sums(request.rule, request.dist, request.release.policy.action_dims, entries, request.tables)
+    return sums if isinstance(sums, str) else bootstrap(request.rule, entries, sums, chosen)
 
 
 @dataclass(frozen=True)
@@ -291,18 +321,28 @@ def ranking_table(doc: SelectionDoc) -> Any:
     rule = doc.rule
     by_rank = sum(c.chosen == "rank" for c in doc.candidates)
     short = f"only {by_rank} of {rule.count} to choose by rank pass their gate" if by_rank < rule.count else None
+    stable = doc.stability
+    shares = {s.build: s for s in stable.candidates} if stable else {}
+    if stable is not None:
+        same = (f"the same set is chosen in {stable.same_choice:.1%} of {stable.resamples:,} bootstrap resamples of "
+                f"the {stable.observations} observations")
+    else:
+        same = f"no bootstrap of the choice: {SKIPPED[doc.stability_skipped or 'no_results_file']}"
+    caption = "; ".join(c for c in (short, same) if c)
     table = Table(title=f"selection: {rule.path}, {rule.split} (chosen: {', '.join(doc.chosen)})",
-                  title_justify="left", caption=short, caption_justify="left")
-    for column in ("rank", "build", "overall sigma", "gripper agree", "changes", "gate", "chosen"):
+                  title_justify="left", caption=caption, caption_justify="left")
+    columns = ["rank", "build", "overall sigma", "gripper agree", "changes", "gate", "chosen"]
+    for column in columns + (["chosen in resamples"] if stable else []):
         table.add_column(column)
     for c in doc.candidates:
         if c.scores is None or c.gate is None:
             where = f" (has {', '.join(c.evaluated_on)})" if c.evaluated_on else ""
             table.add_row("-", c.build, "-", "-", "-", f"not evaluated: {NOT_EVALUATED[str(c.not_evaluated)]}{where}",
-                          c.chosen or "")
+                          c.chosen or "", *(["-"] if stable else []))
             continue
         s = c.scores
         verdict = "[green]pass[/]" if c.gate.passed else f"[red]fail[/] ({', '.join(c.gate.failed)})"
         table.add_row(str(c.rank), c.build, f"{s.overall_sigma:.4f}", f"{s.gripper_agree:.2%}",
-                      f"{s.gripper_changes}/{s.n_steps}", verdict, c.chosen or "")
+                      f"{s.gripper_changes}/{s.n_steps}", verdict, c.chosen or "",
+                      *([f"{shares[c.build].chosen_share:.1%}"] if stable else []))
     return table

@@ -6,7 +6,6 @@ import math
 import re
 import zipfile
 import zlib
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,17 +17,36 @@ from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, build_date, output_folder, read_json, write_json
-from release.measure.evaluate import PERF, RESULTS, YARDSTICKS, external_builds
+from release.measure.layout import PERF, RESULTS, YARDSTICKS, external_builds
+from release.measure.paired import (
+    CORRECTION,
+    EXACT_MAX_N,
+    TEST,
+    Paired,
+    Patterns,
+    holm,
+    holm_levels,
+    min_observations,
+    min_resamples,
+    non_inferior,
+    paired,
+    patterns,
+    per_observation_mse,
+    sign_flip_p,
+    verdict,
+    without_each_group,
+)
 from release.measure.stats import (
-    Difference,
     PerObservation,
     Summary,
     attribution,
-    cluster_counts,
     concentration,
+    decimals,
     gate,
+    gate_within_noise,
+    observation_counts,
     overall,
-    paired_difference,
+    p_decimals,
     per_observation,
     ratio,
     summarize,
@@ -75,6 +93,7 @@ class Result:
     per_obs: PerObservation
     file: Path
     computed: dict[str, Any]
+    labs: np.ndarray | None  # the lab of each observation (first-appearance order), as release eval records it
 
 
 RESULT_ARRAYS = ("reference", "candidate", "obs_ids", "sigma")
@@ -176,12 +195,24 @@ def read_speed(file: Path) -> dict[str, Any] | None:
     return sides
 
 
+def read_labs(file: Path, po: PerObservation) -> np.ndarray | None:
+    """The lab of each observation of a results file (release eval records one per row), None when the file has
+    none (a server's results) or they are not text."""
+    with np.load(file, allow_pickle=False) as data:
+        labs = data["labs"] if "labs" in data.files else None
+    if labs is None or labs.dtype.kind != "U" or labs.shape != po.obs_ids.shape:
+        return None
+    _, first = np.unique(po.obs_ids, return_index=True)
+    return labs[np.sort(first)]
+
+
 def load_results(folder: Path, build: BuildConfig, dims: int) -> list[Result]:
     out = []
     for file in sorted((folder / RESULTS).glob("*.npz")):
         m = RESULT_FILE.match(file.name)
         if m:
-            out.append(Result(build, m.group(1), m.group(2), read_results(file, dims), file, read_computed(file)))
+            po = read_results(file, dims)
+            out.append(Result(build, m.group(1), m.group(2), po, file, read_computed(file), read_labs(file, po)))
     return out
 
 
@@ -190,84 +221,155 @@ def _yardstick(dist: Path, kind: str, split: str, dims: int) -> tuple[PerObserva
     return (read_results(path, dims), read_computed(path)) if path.is_file() else None
 
 
-def comparison_families(request: TablesRequest) -> Counter[tuple[str, str]]:
-    """Bonferroni's m of each (path, split): every build of the dist with results there, the baseline aside, whichever
-    builds the command names."""
+def _mse(po: PerObservation) -> np.ndarray:
+    return per_observation_mse(po.sq_err, po.obs_ids, po.steps * po.dims)
+
+
+def _families(request: TablesRequest, dims: int) -> dict[tuple[str, str], list[Result]]:
+    """Each (path, split)'s family of comparisons with the baseline: every build of the dist with results there (the
+    baseline aside), whichever builds the command names, since Holm's correction needs all their p-values."""
     builds = {b.name: b for b in [*map(load_build, available_builds()), *external_builds(request.dist),
                                   *request.builds]}
-    families: Counter[tuple[str, str]] = Counter()
+    families: dict[tuple[str, str], list[Result]] = {}
     for b in builds.values():
-        if b.name != request.baseline:
-            matches = (RESULT_FILE.match(f.name) for f in (request.dist / b.repo / RESULTS).glob("*.npz"))
-            families.update((m.group(1), m.group(2)) for m in matches if m)
+        if b.name != request.baseline and (request.dist / b.repo / RESULTS).is_dir():
+            for r in load_results(request.dist / b.repo, b, dims):
+                families.setdefault((r.path, r.split), []).append(r)
+    # only a family on more than EXACT_MAX_N observations draws random sign patterns (--resamples of them)
+    sampled = [kv for kv in families.items() if kv[1][0].per_obs.observations > EXACT_MAX_N]
+    biggest = max(sampled, key=lambda kv: len(kv[1]), default=None)
+    if biggest is not None and request.resamples < min_resamples(len(biggest[1])):
+        (path, split), members = biggest
+        raise ReleaseError(f"--resamples {request.resamples}: too few for the family {path}/{split} (m = "
+                           f"{len(members)} comparisons), whose corrected p and interval need at least "
+                           f"{min_resamples(len(members))} to reach 0.05 / {len(members)}; pass --resamples "
+                           f"{min_resamples(len(members))} or more (default {RESAMPLES})")
     return families
 
 
-def _comparison(d: Difference | None, att: dict[str, Any] | None = None) -> dict[str, Any]:
+# the test, Holm's p, and the range of the difference with one lab left out with the number of labs (or None)
+Compared = tuple[Paired, float | None, tuple[tuple[float, float], int] | None]
+
+
+def _compared(request: TablesRequest, baselines: dict[tuple[str, str], Result],
+              families: dict[tuple[str, str], list[Result]]) -> dict[tuple[str, str, str], Compared]:
+    """Each family member's paired comparison with the baseline, its Holm-adjusted p and the range of its difference
+    with one lab left out, by (build, path, split)."""
+    pats: dict[int, Patterns] = {}
+    out: dict[tuple[str, str, str], Compared] = {}
+    for (path, split), members in families.items():
+        base = baselines.get((path, split))
+        if base is None:
+            continue
+        for r in members:
+            if not np.array_equal(base.per_obs.obs_ids, r.per_obs.obs_ids):
+                raise ReleaseError(f"{r.file}: obs_ids differ from those of the baseline's {base.file}; a paired "
+                                   "comparison needs the same observations in the same order: re-run 'release eval "
+                                   f"{r.build.name} {request.baseline} --path {r.path} --split {r.split}'")
+        n = base.per_obs.observations
+        pats.setdefault(n, patterns(n, request.resamples, BOOTSTRAP_SEED))
+        m = len(members)
+        ps = [sign_flip_p(_mse(r.per_obs), _mse(base.per_obs), pats[n]) if n >= min_observations(m) else None
+              for r in members]
+        compared = [paired(_mse(r.per_obs), _mse(base.per_obs), pats[n], m, level)
+                    for r, level in zip(members, holm_levels(ps), strict=True)]
+        for r, c, adjusted in zip(members, compared, holm(ps), strict=True):
+            labs = r.labs if r.labs is not None else base.labs
+            lab_range = None if labs is None else without_each_group(_mse(r.per_obs), _mse(base.per_obs), labs)
+            out[(r.build.name, path, split)] = (c, adjusted, None if lab_range is None or labs is None else
+                                                (lab_range, int(np.unique(labs).size)))
+    return out
+
+
+def _comparison(found: Compared | None, margin: float | None,
+                att: dict[str, Any] | None = None) -> dict[str, Any]:
     """A record's comparison with the baseline: all None for the baseline itself and the yardsticks."""
-    fields = {"diff_to_baseline": "diff", "diff_ci": "ci", "diff_ci_corrected": "ci_corrected", "diff_p": "p",
-              "diff_p_corrected": "p_corrected", "diff_p_bound": "p_bound", "comparisons": "comparisons",
-              "diff_too_few_observations": "too_few_observations"}
-    return {key: None if d is None else getattr(d, name) for key, name in fields.items()} | {"attribution": att}
+    keys = ("diff_to_baseline", "diff_ci", "diff_ci_corrected", "diff_p", "diff_p_corrected", "comparisons",
+            "diff_too_few_observations", "diff_verdict", "non_inferior", "margin", "diff_without_one_lab", "labs")
+    if found is None:
+        return dict.fromkeys(keys) | {"attribution": att}
+    c, adjusted, by_lab = found
+    values = (c.diff, c.ci, c.ci_corrected, c.p, adjusted, c.comparisons, c.too_few_observations,
+              verdict(c.diff, c.ci_corrected, adjusted, margin), non_inferior(c.ci_corrected, margin), margin,
+              *((None, None) if by_lab is None else by_lab))
+    return dict(zip(keys, values, strict=True)) | {"attribution": att}
 
 
-def build_tables(request: TablesRequest) -> tuple[list[dict[str, Any]], dict[str, pd.DataFrame]]:
-    """The records of tables.json (one per build, path and split, then the yardsticks) and the CSV tables."""
+def build_tables(request: TablesRequest) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, pd.DataFrame]]:
+    """The method and families, the records of tables.json (one per build, path and split, then the yardsticks) and
+    the CSV tables."""
     dims = request.release.policy.action_dims
     results = [r for b in request.builds for r in load_results(request.dist / b.repo, b, dims)]
     baseline_build = load_build(request.baseline)
     baselines = {(r.path, r.split): r
                  for r in load_results(request.dist / baseline_build.repo, baseline_build, dims)}
-    families = comparison_families(request)
-    splits = sorted({r.split for r in results})
+    families = _families(request, dims)
+    compared = _compared(request, baselines, families)
+    splits = sorted({r.split for r in results} | {split for _, split in families})
     yardsticks = {(kind, split): _yardstick(request.dist, kind, split, dims)
                   for kind in ("compile", "seed") for split in splits}
-    counts_cache: dict[tuple[int, ...], np.ndarray] = {}
+    counts_cache: dict[int, np.ndarray] = {}
 
     def counts(po: PerObservation) -> np.ndarray:
-        key = tuple(po.obs_ids.tolist())
-        if key not in counts_cache:
-            counts_cache[key] = cluster_counts(po.obs_ids, request.resamples, BOOTSTRAP_SEED)
-        return counts_cache[key]
+        n = po.observations
+        if n not in counts_cache:
+            counts_cache[n] = observation_counts(n, request.resamples, BOOTSTRAP_SEED)
+        return counts_cache[n]
 
     def x_compile(s: Summary, split: str) -> float | None:
         compile_ys = yardsticks[("compile", split)]
         return None if compile_ys is None else ratio(s.overall_sigma, float(overall(compile_ys[0])))
 
+    def margin(split: str) -> float | None:
+        if request.release.equivalence_margin != "compile":
+            return float(request.release.equivalence_margin)
+        compile_ys = yardsticks[("compile", split)]
+        return None if compile_ys is None else float(overall(compile_ys[0]))
+
     records: list[dict[str, Any]] = []
     attributions: list[dict[str, Any]] = []
     for r in results:
         s = summarize(r.per_obs, counts(r.per_obs))
+        limits = (r.build.gate.overall_sigma, r.build.gate.gripper_change_rate)
         record: dict[str, Any] = {"build": r.build.name, "title": r.build.text("title"),
                                   "scheme": r.build.scheme, "path": r.path, "split": r.split, **asdict(s),
                                   **concentration(r.per_obs),
                                   "x_eager_vs_compile": x_compile(s, r.split),
-                                  "gate": gate(s, r.build.gate.overall_sigma, r.build.gate.gripper_change_rate),
-                                  "speed": read_speed(r.file), "computed": r.computed, **_comparison(None)}
-        base = baselines.get((r.path, r.split))
-        if base is not None and r.build.name != request.baseline:
-            if not np.array_equal(base.per_obs.obs_ids, r.per_obs.obs_ids):
-                raise ReleaseError(f"{r.file}: obs_ids differ from those of the baseline's {base.file}; a paired "
-                                   "comparison needs the same observations in the same order: re-run 'release eval "
-                                   f"{r.build.name} {request.baseline} --path {r.path} --split {r.split}'")
-            d = paired_difference(r.per_obs, base.per_obs, counts(r.per_obs), families[(r.path, r.split)])
-            att = attribution(r.per_obs, base.per_obs)
+                                  "gate": gate(s, *limits), "gate_within_noise": gate_within_noise(s, *limits),
+                                  "speed": read_speed(r.file), "computed": r.computed,
+                                  **_comparison(None, None)}
+        found = compared.get((r.build.name, r.path, r.split))
+        if found is not None:
+            att = attribution(r.per_obs, baselines[(r.path, r.split)].per_obs)
             attributions.append({"build": r.build.name, "path": r.path, "split": r.split, **att})
-            record.update(_comparison(d, att))
+            record.update(_comparison(found, margin(r.split), att))
         records.append(record)
     for split in splits:
         for kind, title in (("compile", "BF16 eager vs BF16 torch.compile (yardstick)"),
                             ("seed", "BF16 seed vs BF16 other seed (yardstick)")):
-            found = yardsticks[(kind, split)]
-            if found is not None:
-                ys, computed = found
+            found_ys = yardsticks[(kind, split)]
+            if found_ys is not None:
+                ys, computed = found_ys
                 s = summarize(ys, counts(ys))
                 records.append({"build": f"yardstick-{kind}", "title": title,
                                 "scheme": None, "path": "yardstick", "split": split, **asdict(s), "gate": None,
-                                "x_eager_vs_compile": x_compile(s, split), "computed": computed,
-                                **_comparison(None)})
+                                "gate_within_noise": None, "x_eager_vs_compile": x_compile(s, split),
+                                "computed": computed, **_comparison(None, None)})
     if not records:
         raise ReleaseError(f"{request.dist}: no result files; run 'release eval' first")
+    method = {
+        "test": TEST, "correction": CORRECTION, "alpha": 0.05,
+        "interval": "studentized bootstrap (bootstrap-t of log mean squared error) over observations",
+        "diff_interval": "Hartigan subset means, mapped to the RMS scale; diff_ci_corrected at the level Holm's "
+                         "procedure tests the build",
+        "gripper_interval": "percentile bootstrap over observations",
+        "equivalence_margin": request.release.equivalence_margin,
+        "families": [{"path": path, "split": split, "baseline": request.baseline, "m": len(members),
+                      "builds": [r.build.name for r in members], "margin": margin(split),
+                      "patterns": patterns(baselines[(path, split)].per_obs.observations, request.resamples,
+                                           BOOTSTRAP_SEED).describe()}
+                     for (path, split), members in sorted(families.items()) if (path, split) in baselines],
+    }
     measured = [r for r in records if r["path"] != "yardstick"]
     ranked = sorted(measured, key=lambda r: (r["path"], r["split"], r["overall_sigma"]))
     tables = {
@@ -277,16 +379,17 @@ def build_tables(request: TablesRequest) -> tuple[list[dict[str, Any]], dict[str
             "path": [r["path"] for r in ranked], "split": [r["split"] for r in ranked],
             "build": [r["title"] for r in ranked],
             "sigma [95% CI]": [_estimate(r["overall_sigma"], r["overall_ci"]) for r in ranked],
-            "vs baseline [Bonferroni-corrected 95% CI]": [
-                "-" if r["comparisons"] is None else _estimate(r["diff_to_baseline"], r["diff_ci_corrected"], "+.3f")
+            "vs baseline [Holm-adjusted 95% CI]": [
+                "-" if r["comparisons"] is None else _estimate(r["diff_to_baseline"], r["diff_ci_corrected"], "+")
                 for r in ranked],
-            "p (Bonferroni-corrected)": [_p(r) for r in ranked],
+            "p (sign-flip, Holm-adjusted)": [_p(r) for r in ranked],
             "m": pd.array([r["comparisons"] for r in ranked], dtype="Int64"),
+            "verdict": [r["diff_verdict"] or "-" for r in ranked],
             "changes": [r["gripper_changes"] for r in ranked],
         }),
         "attribution": pd.DataFrame(attributions),
     }
-    return records, tables
+    return method, records, tables
 
 
 def _num(value: float | None, spec: str = ".3f") -> str:
@@ -298,8 +401,9 @@ def _num(value: float | None, spec: str = ".3f") -> str:
     return format(value, spec)
 
 
-def _estimate(value: float, ci: tuple[float, float] | None, spec: str = ".3f") -> str:
-    """A point estimate with its interval, or with the reason there is none."""
+def _estimate(value: float, ci: tuple[float, float] | None, sign: str = "") -> str:
+    """A point estimate with its interval at the precision the interval needs, or with the reason there is none."""
+    spec = f"{sign}.{decimals(ci)}f"
     interval = f"[{_num(ci[0], spec)}, {_num(ci[1], spec)}]" if ci is not None else f"({TOO_FEW})"
     return f"{_num(value, spec)} {interval}"
 
@@ -308,10 +412,7 @@ def _p(record: dict[str, Any]) -> str:
     p = record["diff_p_corrected"]
     if record["comparisons"] is None:
         return "-"
-    if p is None:
-        return TOO_FEW
-    text = np.format_float_positional(p, precision=6, trim="-")  # 2 / resamples needs 6 decimals at 10^6
-    return f"< {text}" if record["diff_p_bound"] else text
+    return TOO_FEW if p is None else np.format_float_positional(round(p, p_decimals(p)), trim="-")
 
 
 def _formatted(records: list[dict[str, Any]]) -> pd.DataFrame:
@@ -323,8 +424,9 @@ def _formatted(records: list[dict[str, Any]]) -> pd.DataFrame:
         "x eager-vs-compile": [_num(r["x_eager_vs_compile"], ".2f") for r in records],
         "joint MAE (deg)": [_num(r["joint_mae_deg"], ".2f") for r in records],
         "SNR (dB)": [_num(r["snr_db"], ".1f") for r in records],
-        "gripper agree [95% CI]": [f"{r['gripper_agree'] * 100:.2f}% [{r['gripper_ci'][0] * 100:.2f}, "
-                                   f"{r['gripper_ci'][1] * 100:.2f}]" for r in records],
+        "gripper agree [95% CI]": [f"{r['gripper_agree'] * 100:.2f}% " + (
+            f"[{r['gripper_ci'][0] * 100:.2f}, {r['gripper_ci'][1] * 100:.2f}]" if r["gripper_ci"] else f"({TOO_FEW})")
+            for r in records],
         "changes": [r["gripper_changes"] for r in records],
         "gate": ["pass" if r["gate"] else "fail" for r in records],
     })
@@ -343,11 +445,11 @@ def _json(value: Any) -> Any:
 
 
 def run_tables(request: TablesRequest) -> dict[str, pd.DataFrame]:
-    records, tables = build_tables(request)
+    method, records, tables = build_tables(request)
     request.out.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
         atomic_write(request.out / f"{name}.csv", frame.to_csv(index=False))
     write_json(request.out / "tables.json", {"baseline": request.baseline, "resamples": request.resamples,
                                               "bootstrap_seed": BOOTSTRAP_SEED, "date": build_date(),
-                                              "records": _json(records)})
+                                              "method": _json(method), "records": _json(records)})
     return tables

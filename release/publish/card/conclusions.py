@@ -8,8 +8,17 @@ from typing import Any
 from babel.numbers import format_decimal
 
 from release.core.builds import load_build
+from release.measure.stats import decimals, rank_agreement
 from release.publish.card.i18n import Formatter, _
-from release.publish.card.labels import FAMILIES, MEASURED, PER_CHANNEL, PER_TENSOR, baseline_name, where_label
+from release.publish.card.labels import (
+    FAMILIES,
+    MEASURED,
+    PER_CHANNEL,
+    PER_TENSOR,
+    baseline_name,
+    estimate,
+    where_label,
+)
 from release.publish.card.rows import fakequant_for, groups_of, in_group
 
 
@@ -20,81 +29,122 @@ def _excludes_zero(ci: list[float] | None) -> int:
     return -1 if ci[1] < 0 else 1 if ci[0] > 0 else 0
 
 
+def _holm_unsupported(row: dict[str, Any]) -> bool:
+    """Holm's correction does not support the difference (an 'equivalent' build may still differ, inside the margin,
+    with an adjusted p < 0.05: no note may then say the correction does not support it)."""
+    return row.get("diff_p_corrected") is not None and row["diff_p_corrected"] >= 0.05
+
+
 def _titles(rows: list[dict[str, Any]]) -> str:
     return ", ".join(str(r["title"]) for r in rows)
 
 
-def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties), through pandas."""
-    import pandas as pd
+def _with(rows: list[dict[str, Any]], verdict: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("diff_verdict") == verdict]
 
-    return float(pd.Series(a).corr(pd.Series(b), method="spearman"))
+
+def _margin(rows: list[dict[str, Any]], f: Formatter) -> str:
+    return f.num(next((r["margin"] for r in rows if r.get("margin") is not None), None))
+
+
+def _family_statements(rows: list[dict[str, Any]], where: str, family: str, baseline: str, f: Formatter,
+                       t: Any) -> list[str]:
+    """What the tests of one path, split and family support: which builds are lower, higher or equivalent."""
+    m = max(r["comparisons"] for r in rows)
+    lower, higher, same = _with(rows, "lower"), _with(rows, "higher"), _with(rows, "equivalent")
+    out = [t(_("{where}, {family}: lower error than {baseline} (exact sign-flip test, Holm-adjusted p < 0.05 over "
+               "m = {m}): {builds}.") if lower else
+             _("{where}, {family}: no build has a lower error than {baseline} (exact sign-flip test, Holm-adjusted "
+               "p < 0.05 over m = {m}).")).format(where=where, family=family, baseline=baseline, m=m,
+                                                  builds=_titles(lower))]
+    if higher:
+        out.append(t(_("{where}, {family}: higher error than {baseline} (Holm-adjusted p < 0.05 over m = {m}): "
+                       "{builds}.")).format(where=where, family=family, baseline=baseline, m=m, builds=_titles(higher)))
+    if same:
+        out.append(t(_("{where}, {family}: equivalent to {baseline} within +-{margin} sigma (the Holm-adjusted 95% "
+                       "CI lies inside the margin): {builds}.")).format(
+            where=where, family=family, baseline=baseline, margin=_margin(same, f), builds=_titles(same)))
+    return out
+
+
+def _rank_statement(fq: dict[str, dict[str, Any]], other: dict[str, dict[str, Any]], where: str, f: Formatter,
+                    t: Any) -> str | None:
+    common = [b for b in other if b in fq]
+    if len(common) < 3:
+        return None
+    ra = rank_agreement([fq[b]["overall_sigma"] for b in common], [other[b]["overall_sigma"] for b in common])
+    if ra.p is None:
+        return t(_("Fake quant and {where} cannot be compared by rank: one of them gives the {n} builds they share "
+                   "the same error (Spearman rho undefined).")).format(where=where, n=ra.n)
+    figures = t(_("Spearman rho = {rho}, n = {n}, {kind} permutation p = {p}")).format(
+        rho=f.num(ra.rho, 2), n=ra.n, kind=t(_("exact")) if ra.exact else t(_("Monte Carlo")), p=f.p(ra.p))
+    text = {"alike": _("Fake quant and {where} rank the {n} builds they share alike ({figures})."),
+            "opposite": _("Fake quant and {where} rank the {n} builds they share in opposite order ({figures})."),
+            "not shown": _("Fake quant and {where}: no rank agreement shown for the {n} builds they share "
+                           "({figures}; agreement is stated from |rho| >= 0.5 with p < 0.05).")}[ra.verdict]
+    return t(text).format(where=where, n=ra.n, figures=figures)
 
 
 def conclusions(records: list[dict[str, Any]], baseline: str, f: Formatter, t: Any) -> list[str]:
-    """What the paired differences say, as statements: per family and path whether any build beats the baseline
-    with a Bonferroni-corrected interval excluding zero (the builds of one path and split share their observations,
-    so their m and N), whether fake quant and another path rank the builds alike, how much of each difference two
-    observations carry, and where the exploratory family stands."""
+    """What the paired tests say, as statements naming their path and split: per family which builds are lower,
+    higher or equivalent to the baseline (release/measure/paired.py: exact sign-flip tests, Holm over the builds
+    of a path and split, the equivalence margin), whether fake quant and another path rank the builds alike (a
+    Spearman rho with its permutation p), how much of each difference two observations carry, and where the
+    exploratory family stands on each split."""
     out: list[str] = []
-    significant = False
+    shown = False
     for path, split in groups_of(records, MEASURED):
         rows = [r for r in in_group(records, path, split, PER_TENSOR) if r.get("diff_to_baseline") is not None]
         if not rows:
             continue
         where = where_label(path, split, t, in_group(records, path, split))
-        if any(r["diff_ci_corrected"] is None for r in rows):
+        if any(r.get("diff_verdict") is None for r in rows):
             out.append(t(_("{where}: too few observations to compare the builds with {baseline}."))
                        .format(where=where, baseline=baseline))
             continue
-        m = max(r["comparisons"] for r in rows)
-        better = [r for r in rows if _excludes_zero(r["diff_ci_corrected"]) < 0]
-        significant |= bool(better)
-        text = _("{where}, {family}: lower error than {baseline} with a Bonferroni-corrected 95% CI (m = {m}) "
-                 "excluding zero: {builds}.") if better else \
-            _("{where}, {family}: no build has a lower error than {baseline} with a Bonferroni-corrected 95% CI "
-              "(m = {m}) excluding zero.")
-        out.append(t(text).format(where=where, family=t(FAMILIES[PER_TENSOR]), baseline=baseline, m=m,
-                                  builds=_titles(better)))
+        shown |= any(r["diff_verdict"] in ("lower", "higher", "equivalent") for r in rows)
+        out += _family_statements(rows, where, t(FAMILIES[PER_TENSOR]), baseline, f, t)
     for path, split in groups_of(records, ("served", "deployed")):
         other = {r["build"]: r for r in in_group(records, path, split)}
-        fq = fakequant_for(records, split)
-        common = [b for b in other if b in fq]
-        if len(common) >= 3:
-            rho = spearman([fq[b]["overall_sigma"] for b in common], [other[b]["overall_sigma"] for b in common])
-            text = _("Fake quant and {where} rank the {n} builds they share in opposite order (Spearman rho = "
-                     "{rho}).") if rho < 0 else _("Fake quant and {where} rank the {n} builds they share alike "
-                                                  "(Spearman rho = {rho}).")
-            out.append(t(text).format(where=where_label(path, split, t, other.values()), n=len(common),
-                                      rho=f.num(rho, 2)))
-        moved = [r for r in other.values() if r.get("attribution") and r["attribution"]["diff_without_top"] is not None]
+        where = where_label(path, split, t, other.values())
+        rank = _rank_statement(fakequant_for(records, split), other, where, f, t)
+        out += [rank] if rank else []
+        moved = [r for r in other.values() if r.get("attribution") and r["attribution"]["diff"]
+                 and r["attribution"]["diff_without_top"] is not None]
         halved = [r for r in moved if abs(r["attribution"]["diff_without_top"]) < abs(r["attribution"]["diff"]) / 2]
         if moved and 2 * len(halved) > len(moved):
             out.append(t(_("On {where}, most of each difference to {baseline} comes from two observations: without "
                            "them {k} of {n} differences shrink to less than half.")).format(
-                where=where_label(path, split, t, other.values()), baseline=baseline, k=len(halved), n=len(moved)))
+                where=where, baseline=baseline, k=len(halved), n=len(moved)))
     observations = sorted({r["n_obs"] for r in records if r["path"] in MEASURED})
-    if out and not significant and observations:
+    if out and not shown and observations:
         out.append(t(_("So these observations ({n} per split) cannot rank the builds of NVIDIA's format against each "
                        "other.")).format(n=", ".join(map(str, observations))))
+    out += _exploratory(records, baseline, f, t)
+    return [f"- {capital(c)}" for c in out]
+
+
+def _exploratory(records: list[dict[str, Any]], baseline: str, f: Formatter, t: Any) -> list[str]:
+    """Where the per-channel family stands on each fake-quant split, by its tests against the baseline."""
+    out = []
     for path, split in groups_of(records, ("fakequant",)):
         explore, nvidia = in_group(records, path, split, PER_CHANNEL), in_group(records, path, split, PER_TENSOR)
         if not explore or not nvidia:
             continue
         best = explore[0]
-        beats = [r for r in explore if _excludes_zero(r.get("diff_ci_corrected")) < 0]
+        beats = _with(explore, "lower")
         lowest = best["overall_sigma"] < nvidia[0]["overall_sigma"]
-        text = (_("The {family} family has the lowest fake-quant error ({build}, {sigma} sigma) but no difference to "
-                  "{baseline} with a corrected CI excluding zero, and NVIDIA's policy server does not read its "
-                  "format.") if lowest else
-                _("The {family} family does not have a lower fake-quant error than NVIDIA's format (best: {build}, "
+        text = (_("{where}: the {family} family has the lowest error ({build}, {sigma} sigma) but no build of it is "
+                  "shown lower than {baseline} (Holm-adjusted sign-flip test), and NVIDIA's policy server does not "
+                  "read its format.") if lowest else
+                _("{where}: the {family} family does not have a lower error than NVIDIA's format (best: {build}, "
                   "{sigma} sigma), and NVIDIA's policy server does not read its format.")) if not beats else \
-            _("The {family} family: lower error than {baseline} with a corrected CI excluding zero: {builds}; "
-              "NVIDIA's policy server does not read its format.")
-        out.append(t(text).format(family=t(FAMILIES[PER_CHANNEL]), build=best["title"],
-                                  sigma=f.num(best["overall_sigma"]), baseline=baseline, builds=_titles(beats)))
-        break
-    return [f"- {capital(c)}" for c in out]
+            _("{where}: the {family} family has builds with a lower error than {baseline} (Holm-adjusted sign-flip "
+              "test): {builds}; NVIDIA's policy server does not read its format.")
+        out.append(t(text).format(where=where_label(path, split, t, explore), family=t(FAMILIES[PER_CHANNEL]),
+                                  build=best["title"], sigma=f.num(best["overall_sigma"]), baseline=baseline,
+                                  builds=_titles(beats)))
+    return out
 
 
 def capital(text: str) -> str:
@@ -108,10 +158,14 @@ def notes_on_path(records: list[dict[str, Any]], path: str, split: str, baseline
     whose interval excludes zero only before the correction."""
     rows = in_group(records, path, split)
     notes = []
-    tops = [set(r["attribution"]["top_observations"]) for r in rows if r.get("attribution")]
+    tops = [set(r["attribution"]["top_observations"]) for r in rows if r.get("attribution")
+            and r["attribution"]["diff"]]
     recurring = sorted(set.intersection(*tops)) if len(tops) > 1 else []
-    if recurring:
+    if len(recurring) == 1:
         notes.append(t(_("Observation {ids} is among the two that move the difference most for all {n} builds."))
+                     .format(ids=recurring[0], n=len(tops)))
+    elif recurring:
+        notes.append(t(_("Observations {ids} are the two that move the difference most for all {n} builds."))
                      .format(ids=", ".join(map(str, recurring)), n=len(tops)))
     base = next((r for r in rows if r.get("diff_to_baseline") is None and r.get("top3_error_observations")), None)
     if base is not None and base.get("top3_error_share") is not None:
@@ -125,12 +179,11 @@ def notes_on_path(records: list[dict[str, Any]], path: str, split: str, baseline
                 ids=", ".join(map(str, fq["top3_error_observations"])))
         notes.append(text)
     for r in rows:
-        if r.get("diff_ci") is not None and _excludes_zero(r["diff_ci"]) != 0 and \
-                _excludes_zero(r.get("diff_ci_corrected")) == 0 and r.get("diff_p_corrected") is not None:
-            notes.append(t(_("{build}: the 95% CI of its difference to {baseline} excludes zero, the Bonferroni-"
-                             "corrected one (m = {m}) does not (p = {p}).")).format(
-                build=r["title"], baseline=baseline, m=r["comparisons"], p=f.p(r["diff_p_corrected"],
-                                                                              r["diff_p_bound"])))
+        if _excludes_zero(r.get("diff_ci")) != 0 and r.get("diff_verdict") in ("not shown", "equivalent") and \
+                _holm_unsupported(r):
+            notes.append(t(_("{build}: the plain 95% CI of its difference to {baseline} excludes zero; Holm's "
+                             "correction over m = {m} does not support a difference (adjusted p = {p}).")).format(
+                build=r["title"], baseline=baseline, m=r["comparisons"], p=f.p(r["diff_p_corrected"])))
     return notes
 
 
@@ -168,16 +221,16 @@ def same_codes_notes(rows: list[dict[str, Any]], provenances: dict[str, dict[str
 
 def worse_notes(rows: list[dict[str, Any]], baseline: str, t: Any) -> list[str]:
     notes = []
-    worse = [r for r in rows if _excludes_zero(r.get("diff_ci_corrected")) > 0]
+    worse = _with(rows, "higher")
     if worse:
-        notes.append(t(_("Higher error than {baseline} with a Bonferroni-corrected 95% CI (m = {m}) excluding zero: "
+        notes.append(t(_("Higher error than {baseline} (exact sign-flip test, Holm-adjusted p < 0.05 over m = {m}): "
                          "{builds}.")).format(baseline=baseline, m=max(r["comparisons"] for r in worse),
                                               builds=_titles(worse)))
-    before = [r for r in rows if r.get("diff_ci") is not None and _excludes_zero(r["diff_ci"]) > 0
-              and _excludes_zero(r.get("diff_ci_corrected")) == 0]
+    before = [r for r in rows if _excludes_zero(r.get("diff_ci")) > 0 and r.get("diff_verdict") != "higher"
+              and _holm_unsupported(r)]
     if before:
         notes.append(t(_("Higher error than {baseline} only before the correction (the plain 95% CI excludes zero, "
-                         "the one corrected for m = {m} does not): {builds}.")).format(
+                         "Holm's correction over m = {m} does not support it): {builds}.")).format(
             baseline=baseline, m=max(r["comparisons"] for r in before), builds=_titles(before)))
     return notes
 
@@ -200,20 +253,35 @@ def use_advice(tables: dict[str, Any], delivered: list[str], repos: dict[str, st
         return t(_("Which build to use: no delivered build has been evaluated yet, so the data name none."))
     rows = [r for r in mine if (r["path"], r["split"]) == group]
     best = min(rows, key=lambda r: (r["overall_sigma"], delivered.index(r["build"])))
-    text = t(_("Which build to use: **{title}** (`{repo}`), the lowest overall action error of the {n} delivered "
-               "builds evaluated on {where} ({sigma} sigma, {obs} observations).")).format(
+    text = t(_("Which build to use: **{title}** (`{repo}`), the lowest point estimate of overall action error of the "
+               "{n} delivered builds evaluated on {where} ({sigma} sigma, {obs} observations).") if len(rows) > 1 else
+             _("Which build to use: **{title}** (`{repo}`), the one delivered build evaluated on {where} ({sigma} "
+               "sigma, {obs} observations).")).format(
         title=best["title"], repo=f"{org}/{repos[best['build']]}", n=len(rows), where=where_label(*group, t, rows),
         sigma=f.num(best["overall_sigma"]), obs=best["n_obs"])
     if best["build"] == tables.get("baseline", "rtn"):
+        if len(rows) == 1:
+            return text + " " + t(_("It is the baseline of the comparisons below."))
         return text + " " + t(_("It is the baseline: no delivered build has a lower error there."))
-    ci = best.get("diff_ci_corrected")
-    if ci is None:
-        return text + " " + t(_("It has no paired difference to {baseline} there, so whether it is lower than "
+    found = best.get("diff_verdict")
+    if found is None:
+        return text + " " + t(_("It has no paired test against {baseline} there, so whether it is lower than "
                                 "{baseline} is not measured.")).format(baseline=baseline)
-    figures = f"{f.num(best['diff_to_baseline'], sign=True)} {f.ci(ci, sign=True)}"
-    if _excludes_zero(ci) < 0:
-        return text + " " + t(_("Its error is lower than that of {baseline}: the difference, {diff}, has a corrected "
-                                "95% CI below zero.")).format(baseline=baseline, diff=figures)
-    return text + " " + t(_("Its difference to {baseline}, {diff}, has a corrected 95% CI that does not exclude "
-                            "zero: at {obs} observations the data do not show it lower than {baseline}, which serves "
-                            "as well.")).format(baseline=baseline, diff=figures, obs=best["n_obs"])
+    figures = t(_("{diff}, Holm-adjusted sign-flip p = {p}")).format(
+        diff=estimate(best["diff_to_baseline"], best["diff_ci_corrected"], f, t, sign=True),
+        p=f.p(best["diff_p_corrected"]))
+    said = {"lower": _("Its error is lower than that of {baseline} ({diff})."),
+            "higher": _("Its error is higher than that of {baseline} ({diff}): {baseline} is the better choice "
+                        "there."),
+            "equivalent": _("It is equivalent to {baseline} within +-{margin} sigma ({diff}): {baseline} serves as "
+                            "well."),
+            "not shown": _("At {obs} observations the data do not show it lower than {baseline} ({diff}), which "
+                           "serves as well.")}[found]
+    text += " " + t(said).format(baseline=baseline, diff=figures, obs=best["n_obs"], margin=f.num(best.get("margin")))
+    by_lab = best.get("diff_without_one_lab")
+    if by_lab is not None:
+        text += " " + t(_("These observations come from {k} labs, so a claim about other labs rests on {k} clusters: "
+                          "leaving one lab out at a time, the difference ranges from {lo} to {hi} sigma.")).format(
+            k=best["labs"], lo=f.num(by_lab[0], decimals(by_lab), sign=True),
+            hi=f.num(by_lab[1], decimals(by_lab), sign=True))
+    return text

@@ -7,6 +7,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any
 
+from babel.numbers import format_decimal
 from huggingface_hub import ModelCardData
 
 from release.check.report import INDEPENDENT
@@ -14,8 +15,8 @@ from release.core.builds import available_builds, load_build
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import read_json
+from release.measure.paired import min_observations
 from release.measure.select import Candidate, Delivery, SelectionDoc
-from release.measure.stats import min_observations
 from release.publish.card.conclusions import conclusions, use_advice
 from release.publish.card.i18n import Formatter, _, translations
 from release.publish.card.labels import (
@@ -32,6 +33,7 @@ from release.publish.card.labels import (
     SPLIT_LABELS,
     TIE_BREAKS,
     VERDICTS,
+    agreement,
     baseline_name,
     build_label,
     build_titles,
@@ -239,21 +241,35 @@ def selection_context(doc: SelectionDoc | None, have: Delivery, build: BuildConf
         verdict = t(_("Delivered although {rank} and not chosen, because: {reason}") if override.deliver else
                     _("Not delivered although chosen ({rank}), because: {reason}")).format(rank=where,
                                                                                            reason=override.reason)
+    stable = doc.stability
+    shares = {s.build: s.chosen_share for s in stable.candidates} if stable else {}
+    stability = None
+    if stable is not None:
+        resamples = format_decimal(stable.resamples, locale=f.lang)
+        stability = t(_("Stability of the choice: the rule was applied again, gates included, to each of {resamples} "
+                        "bootstrap resamples of the {obs} observations (drawn with replacement, the same draw for "
+                        "every candidate). The same set is chosen in {same} of resamples; the last column gives the "
+                        "share of resamples in which each candidate is chosen.")).format(
+            resamples=resamples, obs=stable.observations, same=f.pct(stable.same_choice, 1))
+        if build.name in shares:
+            verdict += " " + t(_("The rule chooses it in {share} of {resamples} bootstrap resamples of the "
+                                 "observations.")).format(share=f.pct(shares[build.name], 1), resamples=resamples)
     gate = {True: t(_("pass")), False: t(_("fail"))}
     titles = build_titles([c.build for c in doc.candidates], f.lang)
     rows = []
     for c in doc.candidates:
         row = {"rank": str(c.rank or "-"), "build": titles.get(c.build) or c.title or f"`{c.build}`", "overall": "-",
-               "gripper": "-", "changes": "-", "gate": place(c), "chosen": t(CHOSEN[c.chosen]) if c.chosen else "-"}
+               "gripper": "-", "changes": "-", "gate": place(c), "chosen": t(CHOSEN[c.chosen]) if c.chosen else "-",
+               "share": f.pct(shares[c.build], 1) if c.build in shares else "-"}
         if c.scores is not None and c.gate is not None:
             s = c.scores
             failed = ", ".join(t(GATE_CRITERIA[k]) for k in c.gate.failed)
             row.update(overall=estimate(s.overall_sigma, list(s.overall_ci) if s.overall_ci else None, f, t),
-                       gripper=f"{f.pct(s.gripper_agree)} {f.pct_ci(s.gripper_ci)}",
+                       gripper=agreement(s.gripper_agree, list(s.gripper_ci) if s.gripper_ci else None, f, t),
                        changes=f"{s.gripper_changes} / {s.n_steps}",
                        gate=f"{gate[c.gate.passed]} ({failed})" if failed else gate[c.gate.passed])
         rows.append(row)
-    return {"text": text, "verdict": verdict, "rows": rows}
+    return {"text": text, "verdict": verdict, "rows": rows, "stability": stability}
 
 
 def sweep_provenances(dist: Path) -> dict[str, dict[str, Any]]:

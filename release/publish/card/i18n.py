@@ -22,6 +22,7 @@ from babel.support import NullTranslations, Translations
 
 from release.core.errors import ReleaseError
 from release.core.io import data_path
+from release.measure.stats import p_decimals
 from release.publish.card.particles import Text, particle
 
 TEMPLATES = data_path("templates")
@@ -136,11 +137,9 @@ class Formatter:
             return "-"
         return format_percent(value, format="0." + "0" * digits + "%", locale=self.lang)
 
-    def p(self, value: float, bound: bool) -> str:
-        """A p-value to the bootstrap's resolution (2 / resamples: 6 decimals at the most resamples ``release tables``
-        takes); ``bound``: no resample fell on the other side of 0, the p is below it."""
-        text = format_decimal(value, format="0.######", locale=self.lang)
-        return f"< {text}" if bound else text
+    def p(self, value: float) -> str:
+        """A p-value to two significant digits (:func:`~release.measure.stats.p_decimals`)."""
+        return format_decimal(round(value, p_decimals(value)), format="0." + "#" * p_decimals(value), locale=self.lang)
 
     def pct_ci(self, ci: list[float] | tuple[float, float]) -> str:
         return f"[{self.num(ci[0] * 100, 2)}, {self.num(ci[1] * 100, 2)}]"

@@ -9,6 +9,7 @@ from typing import Any
 from release.core.builds import available_builds, load_build
 from release.core.conformance import EMULATION, MODELOPT, SCALED_MM
 from release.core.errors import ReleaseError
+from release.measure.stats import decimals
 from release.publish.card.i18n import Formatter, _
 
 PATH_LABELS = {"fakequant": _("fake quant, offline replay"), "deployed": _("deployed FP8 build (diffusers)"),
@@ -43,15 +44,18 @@ HEADERS = {"overall": _("overall (sigma) [95% CI]"), "gripper": _("gripper agree
            "sigma": _("sigma [95% CI]"), "diff": _("vs baseline [95% CI]"),
            "plot": _("Overall action error of every build per path and split with 95% CIs, this build highlighted, "
                      "on the gate's scale (left) and as the difference to the baseline (right).")}
-CORRECTED = {"diff": _("vs baseline, Bonferroni-corrected 95% CI (m = {m})"),
-             "p": _("p, Bonferroni-corrected (m = {m})")}
+CORRECTED = {"diff": _("vs baseline, Holm-adjusted 95% CI (m = {m})"),
+             "p": _("p, sign-flip, Holm-adjusted (m = {m})")}
+# What a card may say of a build against the baseline (tables.json's "diff_verdict", release/measure/paired.py).
+VERDICT_LABELS = {"lower": _("lower"), "higher": _("higher"), "equivalent": _("equivalent within the margin"),
+                  "not shown": _("no difference shown")}
 # The columns of a results table on a path that is not fake quant (the seed's "served results").
 PATH_HEADERS = {
     "served": {"sigma": _("served sigma [95% CI]"), "diff": _("served vs baseline [95% CI]"),
-               "diff_m": _("served vs baseline, Bonferroni-corrected 95% CI (m = {m})"),
+               "diff_m": _("served vs baseline, Holm-adjusted 95% CI (m = {m})"),
                "changes": _("served changes"), "gate": _("gate (fake quant / served)")},
     "deployed": {"sigma": _("deployed sigma [95% CI]"), "diff": _("deployed vs baseline [95% CI]"),
-                 "diff_m": _("deployed vs baseline, Bonferroni-corrected 95% CI (m = {m})"),
+                 "diff_m": _("deployed vs baseline, Holm-adjusted 95% CI (m = {m})"),
                  "changes": _("deployed changes"), "gate": _("gate (fake quant / deployed)")},
 }
 TOO_FEW = _("too few observations")
@@ -88,9 +92,30 @@ def build_label(record: dict[str, Any], t: Any) -> str:
     return f"{record['title']} ({delivered})" if record.get("delivered") else str(record["title"])
 
 
+def agreement(share: float, ci: list[float] | None, f: Formatter, t: Any) -> str:
+    """A gripper agreement with its 95% interval, or with the reason it has none."""
+    return f"{f.pct(share)} {f.pct_ci(ci) if ci is not None else f'({t(TOO_FEW)})'}"
+
+
 def estimate(value: float, ci: list[float] | None, f: Formatter, t: Any, sign: bool = False) -> str:
-    """A figure with its 95% interval, or with the reason it has none (too few observations for a bootstrap)."""
-    return f"{f.num(value, sign=sign)} {f.ci(ci, sign=sign) if ci is not None else f'({t(TOO_FEW)})'}"
+    """A figure with its 95% interval at the precision the interval needs, or with the reason it has none (too few
+    observations)."""
+    digits = decimals(ci)
+    interval = f.ci(ci, digits, sign=sign) if ci is not None else f"({t(TOO_FEW)})"
+    return f"{f.num(value, digits, sign=sign)} {interval}"
+
+
+def verdict_label(record: dict[str, Any], f: Formatter, t: Any) -> str:
+    """The verdict of a build against the baseline; "-" for the baseline and figures without one."""
+    if record.get("diff_too_few_observations"):
+        return t(TOO_FEW)
+    v = record.get("diff_verdict")
+    if v is None:
+        return "-"
+    if v == "not shown" and record.get("non_inferior"):
+        return t(_("no difference shown; non-inferior (at most +{margin} sigma)")).format(
+            margin=f.num(record["margin"]))
+    return t(VERDICT_LABELS[v])
 
 
 # A deployed row's label says how it was computed (tables.json's "computed", from release eval): the device and kernel.

@@ -58,7 +58,7 @@ def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path
     """This build's plot, labelled in ``lang``: every build's overall error with its 95% interval for each path and
     split (one colour per path, one marker per split), this build's row highlighted, the yardsticks below. The left
     panel is on the gate's scale (a log axis that holds the gate, the builds and the yardsticks); the right one is
-    each build's difference to the baseline with the Bonferroni-corrected interval of tables.json, on a scale where
+    each build's difference to the baseline with the Holm-adjusted interval of tables.json, on a scale where
     those intervals are visible. Everything drawn is sorted, so the PNG is byte-stable for the same input."""
     import matplotlib
 
@@ -121,7 +121,7 @@ def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path
             tick.set_fontweight("bold")
     gate_ax.invert_yaxis()
     gate_ax.set_xlabel(t(_("overall action error (sigma, log scale) with 95% CI")), fontsize=9)
-    diff_ax.set_xlabel(t(_("difference to {baseline} (sigma)\nwith its Bonferroni-corrected 95% CI")).format(
+    diff_ax.set_xlabel(t(_("difference to {baseline} (sigma)\nwith its Holm-adjusted 95% CI")).format(
         baseline=baseline_name(tables).replace("`", "")), fontsize=9)
     handles += [Line2D([], [], color="tab:red", linestyle="--",
                        label=t(_("gate: overall <= {sigma} sigma")).format(sigma=f.num(build.gate.overall_sigma, 2))),

@@ -96,6 +96,9 @@ def card_files(request: CardRequest, localized: dict[str, dict[str, Any]], selec
 
 def render_cards(request: CardRequest) -> list[Path]:
     tables = read_tables_doc(request.dist / TABLES)
+    if "method" not in tables:  # its comparisons carry no verdict: the cards would have nothing they may state
+        raise ReleaseError(f"{request.dist / TABLES}: made by an older 'release tables' (no 'method': its paired "
+                           "differences carry no sign-flip test or verdict); run 'release tables' again")
     selection = read_selection(request.dist)
     have = delivery(request.release, selection)  # refuses an override that contradicts nothing
     localized = {lang: {**tables, "records": marked(titled(tables["records"], lang, translations(lang).gettext), have)}

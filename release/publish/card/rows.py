@@ -21,9 +21,11 @@ from release.publish.card.labels import (
     PER_CHANNEL,
     SPLIT_LABELS,
     TOO_FEW,
+    agreement,
     build_label,
     estimate,
     scheme_of,
+    verdict_label,
     where_label,
 )
 
@@ -203,12 +205,12 @@ def fidelity_rows(records: list[dict[str, Any]], f: Formatter, t: Any) -> list[d
         "label": build_label(r, t), "path": where_label(r["path"], r["split"], t, [r]),
         "overall": estimate(r["overall_sigma"], r["overall_ci"], f, t),
         "ratio": f.num(r["x_eager_vs_compile"], 2), "mae": f.num(r["joint_mae_deg"], 2), "snr": f.num(r["snr_db"], 1),
-        "gripper": f"{f.pct(r['gripper_agree'])} {f.pct_ci(r['gripper_ci'])}",
+        "gripper": agreement(r["gripper_agree"], r["gripper_ci"], f, t),
     } for r in records]
 
 
 def diff_headers(records: list[dict[str, Any]], t: Any, path: str = "fakequant") -> dict[str, str]:
-    """Headers of the difference and p columns: the intervals and p-values shown are Bonferroni-corrected over the
+    """Headers of the difference and p columns: the intervals and p-values shown are Holm-adjusted over the
     m builds compared with the baseline on the same path and split; with m = 1 that is the plain 95% interval."""
     ms = sorted({r["comparisons"] for r in records if r.get("comparisons")})
     plain, corrected = (HEADERS["diff"], CORRECTED["diff"]) if path == "fakequant" else \
@@ -230,7 +232,15 @@ def _p(r: dict[str, Any], f: Formatter, t: Any) -> str:
         return t(TOO_FEW)
     if r.get("diff_p_corrected") is None:  # the baseline, or figures without a p (the seed card's)
         return "-"
-    return f.p(r["diff_p_corrected"], r["diff_p_bound"])
+    return f.p(r["diff_p_corrected"])
+
+
+def _gate(record: dict[str, Any] | None, t: Any) -> str:
+    """pass / fail, "within noise" when a limit lies inside the interval of the figure it judges."""
+    if record is None or record.get("gate") is None:
+        return "-"
+    word = t(_("pass")) if record["gate"] else t(_("fail"))
+    return t(_("{verdict}, within noise")).format(verdict=word) if record.get("gate_within_noise") else word
 
 
 def fakequant_for(records: list[dict[str, Any]], split: str) -> dict[str, dict[str, Any]]:
@@ -245,22 +255,23 @@ def path_rows(records: list[dict[str, Any]], path: str, split: str, f: Formatter
     """The seed's "served results" for one path and split: each build with its difference to the baseline, its
     gripper changes, its fake-quant figures and both gates; the baseline first."""
     fq = fakequant_for(records, split)
-    gate = {True: t(_("pass")), False: t(_("fail"))}
     rows = []
     for r in sorted(in_group(records, path, split), key=lambda r: r.get("diff_to_baseline") is not None):
         q = fq.get(r["build"])
         rows.append({
             "build": build_label(r, t), "sigma": estimate(r["overall_sigma"], r["overall_ci"], f, t),
-            "diff": _diff(r, f, t), "p": _p(r, f, t), "changes": str(r["gripper_changes"]),
+            "diff": _diff(r, f, t), "p": _p(r, f, t), "verdict": verdict_label(r, f, t),
+            "changes": str(r["gripper_changes"]),
             "fq_sigma": f.num(q["overall_sigma"]) if q else "-", "fq_changes": str(q["gripper_changes"]) if q else "-",
-            "gates": f"{gate[q['gate']] if q else '-'} / {gate[r['gate']]}",
+            "gates": f"{_gate(q, t)} / {_gate(r, t)}",
         })
     return rows
 
 
 def ranking_rows(rows: list[dict[str, Any]], f: Formatter, t: Any) -> list[dict[str, str]]:
     return [{"rank": str(i), "build": build_label(r, t), "sigma": estimate(r["overall_sigma"], r["overall_ci"], f, t),
-             "diff": _diff(r, f, t), "p": _p(r, f, t), "changes": str(r["gripper_changes"])}
+             "diff": _diff(r, f, t), "p": _p(r, f, t), "verdict": verdict_label(r, f, t),
+             "changes": str(r["gripper_changes"])}
             for i, r in enumerate(rows, start=1)]
 
 
@@ -270,7 +281,8 @@ def attribution_rows(records: list[dict[str, Any]], f: Formatter, t: Any) -> lis
     shown = sorted((r for r in records if r.get("attribution")), key=lambda r: (not r.get("delivered"),
                                                                                r["overall_sigma"]))
     return [{"build": build_label(r, t), "diff": f.num(r["attribution"]["diff"], sign=True),
-             "top": ", ".join(str(o) for o in r["attribution"]["top_observations"]),
-             "without": f.num(r["attribution"]["diff_without_top"], sign=True),
+             "top": ", ".join(str(o) for o in r["attribution"]["top_observations"]) if r["attribution"]["diff"]
+             else t(_("no difference")),
+             "without": f.num(r["attribution"]["diff_without_top"], sign=True) if r["attribution"]["diff"] else "-",
              "share": f.pct(r["attribution"]["top3_error_share"], 1) if r["attribution"].get("top3_error_share")
              is not None else "-"} for r in shown]

@@ -24,6 +24,7 @@ from release.publish.card.labels import (
     PER_CHANNEL,
     SPLIT_LABELS,
     scheme_of,
+    verdict_label,
     where_label,
 )
 from release.publish.card.rows import attribution_rows, diff_headers, groups_of, in_group, path_rows, ranking_rows
@@ -72,8 +73,9 @@ def setup_rows(records: list[dict[str, Any]], release: ReleaseConfig, build: Bui
         (_("Error metrics"), t(_("overall: normalised action RMS in units of DROID's per-dimension action sigma; "
                                  "changes: steps whose binarized gripper (open / closed) differs from BF16"))),
         (_("Baseline"), baseline),
-        (_("Statistics"), t(_("bootstrap over observations, {r} resamples; the differences to {baseline} are paired "
-                              "(the same resamples) and Bonferroni-corrected over the builds of a path and split"))
+        (_("Statistics"), t(_("studentized bootstrap over observations, {r} resamples; the differences to {baseline} "
+                              "by exact sign-flip tests on paired observations, Holm-adjusted over the builds of a "
+                              "path and split"))
          .format(r=format_decimal(resamples, locale=f.lang), baseline=baseline)),
         (_("Gate"), t(_("overall <= {sigma} sigma, gripper changes <= {rate} (<= {k} / {steps})")).format(
             sigma=f.num(build.gate.overall_sigma, 2), rate=f.pct(build.gate.gripper_change_rate, 1), k=limit,
@@ -138,14 +140,16 @@ def decision_rows(records: list[dict[str, Any]], release: ReleaseConfig, deliver
                                                                                              other["split"])]
             best = min(rivals, key=lambda r: r["overall_sigma"], default=None)
             if best is not None and other["overall_sigma"] >= best["overall_sigma"]:
-                text = t(_("passes the gate on every evaluated path ({paths}), but its error is not lower than that of "
-                           "{best} ({a} vs {b} sigma, {where}), so it is not added")).format(
+                text = t(_("passes the gate on every evaluated path ({paths}), but its point estimate of error is not "
+                           "below that of {best} ({a} vs {b} sigma, {where}), so it is not added")).format(
                     paths=paths(rows), best=best["title"], a=f.num(other["overall_sigma"]),
                     b=f.num(best["overall_sigma"]), where=where_label(other["path"], other["split"], t, [other]))
             else:
-                text = t(_("passes the gate on every evaluated path ({paths}) and has a lower error than every "
-                           "delivered build on {where}; not delivered")).format(
-                    paths=paths(rows), where=where_label(other["path"], other["split"], t, [other]))
+                text = t(_("passes the gate on every evaluated path ({paths}) and its point estimate of error is below "
+                           "that of every delivered build on {where}; it is tested against {baseline} alone there "
+                           "(verdict: {verdict}), not against each delivered build; not delivered")).format(
+                    paths=paths(rows), where=where_label(other["path"], other["split"], t, [other]),
+                    baseline=baseline, verdict=verdict_label(other, f, t))
         out.append({"item": str(titles[b]), "content": text})
     heldout = [r for r in measured if r["split"] == "validation"]
     labs = ", ".join(release.heldout_labs)
