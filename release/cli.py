@@ -94,12 +94,19 @@ Environment:
   HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE
                         read by huggingface_hub (the endpoint, the cache, offline mode)
 """
+# The release's folder, as every command after 'release build --out DIST' takes it.
+DIST = click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True,
+                    help="The release's folder: a folder per build repo (what 'release build --out' wrote), tables/ "
+                    "and selection.json.")
+OBSERVATIONS = click.option("--observations", type=click.Path(path_type=Path), default=None,
+                            help="Observation set (default: $RELEASE_OBSERVATIONS, then 'observations' beside the "
+                            "source).")
 # Commands that read build files say which folder they read.
 USES_BUILDS = {"build", "verify", "eval", "import-served", "tables", "select", "card", "push", "observations",
                "manifest"}
 
 
-@click.group(cls=_Group, epilog=ENVIRONMENT)
+@click.group(cls=_Group, epilog=ENVIRONMENT, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="release")
 @click.option("--builds", "builds", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Folder of build files (release.yaml and one file per build).")
@@ -137,11 +144,12 @@ def _quiet_libraries() -> None:
 @click.argument("folder", type=click.Path(path_type=Path, file_okay=False))
 def init(folder: Path) -> None:
     """Write a starter builds/ into FOLDER: release.yaml and the sweep's build files, to edit."""
-    from release.core.builds import init_builds
+    from release.core.builds import RELEASE_NOTES, init_builds
 
     paths = init_builds(folder)
-    click.echo(f"wrote {len(paths)} build files to {paths[0].parent}; edit them, then run release from {folder} "
-               f"(it reads ./builds) or pass --builds {paths[0].parent}")
+    builds = sum(p.suffix == ".yaml" and p.name != "release.yaml" for p in paths)
+    click.echo(f"wrote {builds} build files, release.yaml and {RELEASE_NOTES} to {paths[0].parent}; edit them, then "
+               f"run release from {folder} (it reads ./builds) or pass --builds {paths[0].parent}")
 
 
 @main.command()
@@ -179,8 +187,7 @@ def _max_gpu_memory(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--all", "all_builds", is_flag=True, help="Build the sweep of release.yaml (else every build file).")
 @click.option("--source", default=None, help="BF16 checkpoint: a folder, or a Hub id org/name[@revision] in the "
               "local Hugging Face cache (default: $RELEASE_SOURCE, then base_model at base_revision in the cache).")
-@click.option("--observations", type=click.Path(path_type=Path), default=None,
-              help="Observation set (default: $RELEASE_OBSERVATIONS, then 'observations' beside the source).")
+@OBSERVATIONS
 @click.option("--out", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
 @click.option("--allow-revision-mismatch", is_flag=True, help="Build from a source whose Hub commit is not the "
               "base_revision of release.yaml (provenance and cards say so).")
@@ -200,7 +207,7 @@ def build(names: tuple[str, ...], all_builds: bool, source: str | None, observat
 
 @main.command()
 @click.argument("names", nargs=-1, required=True)
-@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@DIST
 @click.option("--reference", default=None, help="Reference checkpoint (NVIDIA's Cosmos3-Nano@fp8): a folder or a "
               "Hub id org/name[@revision] in the local cache; default: the fixture's reference when the source is "
               "a tiny fixture, else the RTN build in --dist (a self-reference).")
@@ -227,9 +234,10 @@ def verify(names: tuple[str, ...], dist: Path, reference: str | None, source: st
 @click.option("--path", "path_", type=click.Choice(["fakequant", "deployed"]), default="fakequant", show_default=True)
 @click.option("--split", type=click.Choice(["calibration", "validation", "all"]), default="calibration",
               show_default=True)
-@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
-@click.option("--source", type=click.Path(path_type=Path), default=None)
-@click.option("--observations", type=click.Path(path_type=Path), default=None)
+@DIST
+@click.option("--source", type=click.Path(path_type=Path), default=None,
+              help="BF16 source the rollouts compare with (default: $RELEASE_SOURCE, then as for build).")
+@OBSERVATIONS
 @click.option("--yardsticks", is_flag=True, help="Also BF16 eager vs torch.compile and seed vs seed.")
 @click.option("--external", default=None, metavar="CHECKPOINT", help="Also an FP8 checkpoint made elsewhere (a folder "
               "or a Hub id in the local cache, e.g. NVIDIA's published one), as a row beside the builds.")
@@ -280,9 +288,10 @@ def import_lerobot_(dataset: Path, out: Path, per_lab: int, labs: str | None, se
 @main.command("import-served")
 @click.argument("name")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
-@click.option("--source", type=click.Path(path_type=Path), default=None)
-@click.option("--observations", type=click.Path(path_type=Path), default=None)
+@DIST
+@click.option("--source", type=click.Path(path_type=Path), default=None,
+              help="BF16 source the rollouts compare with (default: $RELEASE_SOURCE, then as for build).")
+@OBSERVATIONS
 def import_served_(name: str, file: Path, dist: Path, source: Path | None, observations: Path | None) -> None:
     """Take a policy server's results (npz) as the build's 'served' path."""
     from release.measure.evaluate import describe, import_served
@@ -293,7 +302,7 @@ def import_served_(name: str, file: Path, dist: Path, source: Path | None, obser
 
 @main.command()
 @click.argument("names", nargs=-1)
-@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@DIST
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Default: DIST/tables.")
 @click.option("--baseline", default="rtn", show_default=True)
 @click.option("--resamples", type=click.IntRange(100, 1_000_000), default=10_000, show_default=True)
@@ -301,12 +310,14 @@ def tables(names: tuple[str, ...], dist: Path, out: Path | None, baseline: str, 
     """Fidelity, served, ranking and attribution tables (CSV and JSON) across every evaluated build."""
     from release.measure.tables import TablesRequest, run_tables
 
-    result = run_tables(TablesRequest.create(names, dist, out, baseline, resamples))
+    request = TablesRequest.create(names, dist, out, baseline, resamples)
+    result = run_tables(request)
     click.echo(result["fidelity"].to_string(index=False))
+    click.echo(f"tables: {request.out} ({', '.join(f'{name}.csv' for name in result)}, tables.json)")
 
 
 @main.command("select")
-@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@DIST
 def select_(dist: Path) -> None:
     """Apply the selection rule of builds/release.yaml to DIST/tables/tables.json; write DIST/selection.json."""
     from rich.console import Console
@@ -322,7 +333,7 @@ def select_(dist: Path) -> None:
 
 @main.command()
 @click.argument("names", nargs=-1)
-@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@DIST
 @click.option("--lang", default="en,ko", show_default=True, help="Comma-separated languages; the first is README.md.")
 @click.option("--check", is_flag=True, help="Render without writing; fail on a missing translation or bad data.")
 @click.option("--preview", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
@@ -349,7 +360,7 @@ def card(names: tuple[str, ...], dist: Path, lang: str, check: bool, preview: Pa
 @main.command()
 @click.argument("names", nargs=-1)
 @click.option("--org", default=None, help="Hub organisation (default: builds/release.yaml).")
-@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@DIST
 @click.option("--endpoint", default=None, help="Hub endpoint (default: huggingface_hub's, HF_ENDPOINT).")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--create-pr", is_flag=True, help="Open a Hub pull request instead of committing to main.")
@@ -384,7 +395,7 @@ def push(names: tuple[str, ...], org: str | None, dist: Path, endpoint: str | No
 
 @main.command()
 @click.argument("names", nargs=-1)
-@click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@DIST
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=Path("release.lock.json"),
               show_default=True, help="The manifest to write (commit it: the pull-request preview plans it).")
 def manifest(names: tuple[str, ...], dist: Path, out: Path) -> None:

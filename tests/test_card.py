@@ -505,8 +505,11 @@ def test_use_section_gives_the_restore_and_the_policy_server_settings(card_dist:
 
 def test_forest_plot_is_drawn_per_build_in_the_cards_language(card_dist: Path) -> None:
     """Each build's plot differs (its row is highlighted), each language's too, and the same input gives the same
-    bytes; its rows are the builds' titles in the card's language, then the yardsticks."""
-    assert invoke("card", "--dist", card_dist, "--lang", "en,ko").exit_code == 0
+    bytes; its rows are the builds' titles in the card's language, then the yardsticks. The command lists them."""
+    result = invoke("card", "--dist", card_dist, "--lang", "en,ko")
+    assert result.exit_code == 0
+    assert all(f"card: {card_dist / repo / f'forest.{lang}.png'}\n" in result.output for repo in DELIVERED.values()
+               for lang in ("en", "ko")), result.output
     plots = {(repo, lang): (card_dist / repo / f"forest.{lang}.png").read_bytes() for repo in DELIVERED.values()
              for lang in ("en", "ko")}
     assert len(set(plots.values())) == len(plots)

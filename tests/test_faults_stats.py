@@ -78,6 +78,8 @@ def dist(tmp_path: Path) -> Path:
 def tables(dist: Path, *names: str) -> dict[tuple[str, str], dict[str, Any]]:
     result = invoke("tables", *names, "--dist", dist, "--resamples", RESAMPLES)
     assert result.exit_code == 0, result.output
+    assert f"tables: {dist / 'tables'} (fidelity.csv, served.csv, ranking.csv, attribution.csv, tables.json)\n" in \
+        result.output  # where it wrote
     doc = json.loads((dist / "tables" / "tables.json").read_text())
     return {(r["build"], r["path"]): r for r in doc["records"]}
 

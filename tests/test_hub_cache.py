@@ -74,6 +74,20 @@ def test_another_commit_needs_the_flag_and_the_card_says_so(cache: Path, tiny: P
     assert "--allow-revision-mismatch" in result.output and not (tmp_path / "dist").exists()
 
 
+def test_a_snapshot_commit_wins_over_a_fixture_record_inside_it(cache: Path, tiny: Path) -> None:
+    """A ``fixture.json`` in a Hub snapshot is a file of that repo: the snapshot's commit is the source's revision.
+    Outside a snapshot, a record without its revision is a one-line error naming the file and the field."""
+    snapshot = fake_cache(cache, BASE.base_model, COMMIT, tiny / "source")
+    (snapshot / "fixture.json").write_text(json.dumps({"revision": "f" * 40}))
+    assert (source_identity(snapshot).revision, source_identity(snapshot).origin) == (COMMIT, "hub cache")
+    folder = snapshot.parent.parent.parent / "plain"
+    shutil.copytree(snapshot, folder)
+    (folder / "fixture.json").write_text(json.dumps({"seed": 0}))
+    with pytest.raises(ReleaseError, match=r"fixture.json: field 'revision' is missing \(the tiny fixture's record\); "
+                                           r"run 'release fixture tiny --out .*' to rewrite it"):
+        source_identity(folder)
+
+
 def test_an_hf_download_folder_carries_its_commit(tiny: Path, tmp_path: Path) -> None:
     folder = tmp_path / "local"
     shutil.copytree(tiny / "source", folder, ignore=shutil.ignore_patterns("fixture.json"))

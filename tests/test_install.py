@@ -102,9 +102,25 @@ def test_build_files_are_found_in_order(tmp_path: Path, monkeypatch: pytest.Monk
     assert result.exit_code == 2 and "--builds" in result.output and "no release.yaml there" in result.output
 
 
+def test_a_builds_variable_without_build_files_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELEASE_BUILDS", str(tmp_path / "nonexistent"))
+    result = invoke("select", "--dist", tmp_path / "dist")
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"error: RELEASE_BUILDS={tmp_path / 'nonexistent'}: no release.yaml there; ")
+    assert "or unset it" in result.output
+
+
+@pytest.mark.parametrize("args", [["-h"], ["tables", "-h"], ["push", "-h"]])
+def test_dash_h_is_help_as_in_hf_and_pip(args: list[str]) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 0 and result.output.startswith("Usage: "), result.output
+
+
 def test_init_writes_a_starter_and_keeps_an_existing_one(tmp_path: Path) -> None:
     result = invoke("init", tmp_path / "project")
     assert result.exit_code == 0, result.output
+    builds = len([p for p in (ROOT / "builds").glob("*.yaml") if p.name != "release.yaml"])
+    assert result.output.startswith(f"wrote {builds} build files, release.yaml and RELEASES.md to "), result.output
     written = sorted(p.name for p in (tmp_path / "project" / "builds").iterdir())
     assert written == sorted([*(p.name for p in (ROOT / "builds").glob("*.yaml")), "RELEASES.md"])
     again = invoke("init", tmp_path / "project")

@@ -429,7 +429,11 @@ def builds_source() -> tuple[Path, str]:
     if BUILDS_OPTION:
         return BUILDS_OPTION[-1], "--builds"
     if os.environ.get(BUILDS_ENV):
-        return Path(os.environ[BUILDS_ENV]), BUILDS_ENV
+        folder = Path(os.environ[BUILDS_ENV])
+        if not (folder / "release.yaml").is_file():
+            raise ReleaseError(f"{BUILDS_ENV}={folder}: no release.yaml there; set it to the folder that holds the "
+                               "build files (after 'release init DIR' that is DIR/builds), or unset it")
+        return folder, BUILDS_ENV
     if (Path("builds") / "release.yaml").is_file():
         return Path("builds"), "./builds"
     return data_path("builds"), ("the defaults shipped with release; 'release init DIR' copies them to DIR/builds "

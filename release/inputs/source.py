@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from release.core.config import SOURCE_ENV, ReleaseConfig
 from release.core.errors import ReleaseError
+from release.core.io import read_json
 from release.inputs.fixture import content_revision
 
 if TYPE_CHECKING:
@@ -116,14 +117,17 @@ def source_revision(source: Path) -> str:
 
 
 def source_identity(source: Path) -> Revision:
-    """The fixture's recorded revision, the cache snapshot's commit, the commit ``hf download --local-dir`` recorded,
-    or else a content hash of the folder."""
-    fixture = source / "fixture.json"
-    if fixture.is_file():
-        return Revision(str(json.loads(fixture.read_text())["revision"]), "fixture")
+    """The cache snapshot's commit, the fixture's recorded revision, the commit ``hf download --local-dir``
+    recorded, or else a content hash of the folder. A snapshot's commit comes first: a ``fixture.json`` inside a
+    Hub snapshot is a file of that repo, not a record of this tool's fixture."""
     if source.parent.name == "snapshots" and source.parent.parent.name.startswith("models--"):
         repo = source.parent.parent.name.removeprefix("models--").replace("--", "/")
         return Revision(source.name, "hub cache", repo)
+    fixture = source / "fixture.json"
+    if fixture.is_file():
+        doc = read_json(fixture, "the tiny fixture's record", f"release fixture tiny --out {source.parent}",
+                        ("revision",))
+        return Revision(str(doc["revision"]), "fixture")
     commit = _download_commit(source)
     if commit is not None:
         return Revision(commit, "hf download")

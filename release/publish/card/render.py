@@ -95,6 +95,7 @@ def card_files(request: CardRequest, localized: dict[str, dict[str, Any]], selec
 
 
 def render_cards(request: CardRequest) -> list[Path]:
+    """The card files of each build (with --check: rendered, not written) and, written, its forest plots."""
     tables = read_tables_doc(request.dist / TABLES)
     if "method" not in tables:  # its comparisons carry no verdict: the cards would have nothing they may state
         raise ReleaseError(f"{request.dist / TABLES}: made by an older 'release tables' (no 'method': its paired "
@@ -106,9 +107,10 @@ def render_cards(request: CardRequest) -> list[Path]:
     files = card_files(request, localized, selection, have)
     if request.check:
         return sorted(files)
-    for build in request.builds:
-        for lang in request.langs:
-            forest_plot(localized[lang], build, lang, request.dist / build.repo / f"forest.{lang}.png")
+    plots = [(build, lang, request.dist / build.repo / f"forest.{lang}.png") for build in request.builds
+             for lang in request.langs]
+    for build, lang, path in plots:
+        forest_plot(localized[lang], build, lang, path)
     for path, text in files.items():
         atomic_write(path, text)
-    return sorted(files)
+    return sorted([*files, *(path for _, _, path in plots)])
