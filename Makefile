@@ -3,9 +3,6 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
-# The deployed path for the seed's served five: the delivered builds, SQ auto + GPTQ and SQ auto + AutoRound.
-SERVED := rtn sq_auto rtn_mavg sq_auto_gptq sq_auto_autoround
-EVAL_ARGS = --dist $(DEMO)/dist --source $(DEMO)/fixture/source --observations $(DEMO)/fixture/observations
 
 .PHONY: demo test lint venv clean i18n
 
@@ -24,17 +21,12 @@ venv: $(VENV)/.installed
 demo: venv
 	rm -rf $(DEMO)
 	$(BIN)/release fixture tiny --out $(DEMO)/fixture
-	$(BIN)/release build --all --source $(DEMO)/fixture/source --observations $(DEMO)/fixture/observations --out $(DEMO)/dist
-	$(BIN)/release eval --all --path fakequant --split calibration $(EVAL_ARGS) --yardsticks
-	$(BIN)/release eval --all --path fakequant --split validation $(EVAL_ARGS)
-	$(BIN)/release eval $(SERVED) --path deployed --split validation $(EVAL_ARGS) --yardsticks
-	$(BIN)/release tables --dist $(DEMO)/dist
-	$(BIN)/release select --dist $(DEMO)/dist
-	$(BIN)/release card --dist $(DEMO)/dist --lang en,ko
+	$(BIN)/release campaign --source $(DEMO)/fixture/source --observations $(DEMO)/fixture/observations --dist $(DEMO)/dist
 	$(BIN)/release push --dist $(DEMO)/dist --target $(DEMO)/hub --dry-run
 	$(BIN)/release push --dist $(DEMO)/dist --target $(DEMO)/hub
 	@echo
-	@echo "Results: $(DEMO)/dist/<repo>/ (checkpoint, provenance.json, verification/, results/, README.md),"
+	@echo "Results: $(DEMO)/dist/<repo>/ (provenance.json, verification/, results/; the delivered builds' checkpoint"
+	@echo "         and README.md), $(DEMO)/dist/campaign.json (the campaign's finished steps),"
 	@echo "         $(DEMO)/dist/tables/ (fidelity, ranking, attribution: CSV + tables.json),"
 	@echo "         $(DEMO)/dist/selection.json (the selection rule of builds/release.yaml applied),"
 	@echo "         $(DEMO)/hub/np-cr/<repo>/ (the local push target); tiny source, observations and ModelOpt's"

@@ -103,7 +103,15 @@ OBSERVATIONS = click.option("--observations", type=click.Path(path_type=Path), d
                             "source).")
 # Commands that read build files say which folder they read.
 USES_BUILDS = {"build", "verify", "eval", "import-served", "tables", "select", "card", "push", "observations",
-               "manifest"}
+               "manifest", "campaign"}
+SOURCE = click.option("--source", default=None, help="BF16 checkpoint: a folder, or a Hub id org/name[@revision] in "
+                      "the local Hugging Face cache (default: $RELEASE_SOURCE, then base_model at base_revision in the "
+                      "cache).")
+ALLOW_REVISION_MISMATCH = click.option("--allow-revision-mismatch", is_flag=True, help="Build from a source whose Hub "
+                                       "commit is not the base_revision of release.yaml (provenance and cards say so).")
+BASELINE = click.option("--baseline", default="rtn", show_default=True, help="The build the others are compared with.")
+RESAMPLES = click.option("--resamples", type=click.IntRange(100, 1_000_000), default=10_000, show_default=True,
+                         help="Bootstrap and sign-flip resamples of the tables.")
 
 
 @click.group(cls=_Group, epilog=ENVIRONMENT, context_settings={"help_option_names": ["-h", "--help"]})
@@ -185,18 +193,16 @@ def _max_gpu_memory(command: Callable[..., None]) -> Callable[..., None]:
 @main.command()
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_builds", is_flag=True, help="Build the sweep of release.yaml (else every build file).")
-@click.option("--source", default=None, help="BF16 checkpoint: a folder, or a Hub id org/name[@revision] in the "
-              "local Hugging Face cache (default: $RELEASE_SOURCE, then base_model at base_revision in the cache).")
+@SOURCE
 @OBSERVATIONS
 @click.option("--out", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
-@click.option("--allow-revision-mismatch", is_flag=True, help="Build from a source whose Hub commit is not the "
-              "base_revision of release.yaml (provenance and cards say so).")
+@ALLOW_REVISION_MISMATCH
 @_max_gpu_memory
 def build(names: tuple[str, ...], all_builds: bool, source: str | None, observations: Path | None,
           out: Path, allow_revision_mismatch: bool, max_gpu_memory: str | None) -> None:
     """Quantize, export and record provenance for the named builds."""
     from release.core.memory import set_cap
-    from release.pipeline import run_builds
+    from release.pipeline.sweep import run_builds
     from release.quantize.build import BuildRequest
 
     set_cap(max_gpu_memory)
@@ -206,7 +212,38 @@ def build(names: tuple[str, ...], all_builds: bool, source: str | None, observat
 
 
 @main.command()
-@click.argument("names", nargs=-1, required=True)
+@SOURCE
+@OBSERVATIONS
+@DIST
+@click.option("--keep-checkpoints", is_flag=True, help="Keep every build's weights (default: drop each after its "
+              "evaluation unless it is sure to be delivered; a chosen one is rebuilt and checked byte for byte).")
+@BASELINE
+@RESAMPLES
+@ALLOW_REVISION_MISMATCH
+@_max_gpu_memory
+def campaign(source: str | None, observations: Path | None, dist: Path, keep_checkpoints: bool, baseline: str,
+             resamples: int, allow_revision_mismatch: bool, max_gpu_memory: str | None) -> None:
+    """The whole campaign, resumable: each build of the sweep made, verified and evaluated as campaign.evals of
+    release.yaml lists, then the tables, the selection and the delivered builds' cards (DIST/campaign.json records
+    each step; rerun to resume after a stop)."""
+    from release.core.memory import set_cap
+    from release.pipeline.campaign import CampaignRequest, run_campaign
+
+    set_cap(max_gpu_memory)
+    request = CampaignRequest.create(source, observations, dist, keep_checkpoints, baseline, resamples,
+                                     allow_revision_mismatch)
+    cards, ok = run_campaign(request)
+    for path in cards:
+        click.echo(f"card: {path}")
+    click.echo(f"campaign: {dist} (tables/, selection.json, {len(cards)} card files; {dist / 'campaign.json'})")
+    if not ok:
+        click.echo("campaign: a build failed its verification (above); it was not evaluated", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option("--all", "all_builds", is_flag=True, help="Verify every build of the sweep that is in --dist.")
 @DIST
 @click.option("--reference", default=None, help="Reference checkpoint (NVIDIA's Cosmos3-Nano@fp8): a folder or a "
               "Hub id org/name[@revision] in the local cache; default: the fixture's reference when the source is "
@@ -215,15 +252,16 @@ def build(names: tuple[str, ...], all_builds: bool, source: str | None, observat
 @click.option("--observations", type=click.Path(path_type=Path), default=None,
               help="Observations for the loadability rollout (default: beside the source).")
 @_max_gpu_memory
-def verify(names: tuple[str, ...], dist: Path, reference: str | None, source: str | None,
+def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str | None, source: str | None,
            observations: Path | None, max_gpu_memory: str | None) -> None:
     """Check built repos against a reference and their source; exit 1 if any check fails."""
-    from release.check.verify import VerifyRequest, verify_builds
+    from release.check.verify import VerifyRequest, verify_builds, verify_names
     from release.core.memory import set_cap
 
     set_cap(max_gpu_memory)
 
-    requests = [VerifyRequest.create(n, dist, reference, source, observations) for n in names]
+    requests = [VerifyRequest.create(n, dist, reference, source, observations)
+                for n in verify_names(names, all_builds, dist)]
     if not verify_builds(requests):
         sys.exit(1)
 
@@ -304,8 +342,8 @@ def import_served_(name: str, file: Path, dist: Path, source: Path | None, obser
 @click.argument("names", nargs=-1)
 @DIST
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Default: DIST/tables.")
-@click.option("--baseline", default="rtn", show_default=True)
-@click.option("--resamples", type=click.IntRange(100, 1_000_000), default=10_000, show_default=True)
+@BASELINE
+@RESAMPLES
 def tables(names: tuple[str, ...], dist: Path, out: Path | None, baseline: str, resamples: int) -> None:
     """Fidelity, served, ranking and attribution tables (CSV and JSON) across every evaluated build."""
     from release.measure.tables import TablesRequest, run_tables

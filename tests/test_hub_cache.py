@@ -112,6 +112,9 @@ def test_mismatch_allowed_is_recorded_and_told(cache: Path, tiny: Path, tmp_path
     result = invoke("build", "rtn", "--source", f"{BASE.base_model}@{COMMIT}", "--observations",
                     tiny / "observations", "--out", tmp_path / "dist", "--allow-revision-mismatch")
     assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())  # the terminal's line breaks apart
+    assert f"({BASE.base_model} at hub cache {COMMIT[:12]})" in output
+    assert f"warning: the source is not base_revision {BASE.base_revision[:12]} of release.yaml" in output
     folder = tmp_path / "dist" / "Cosmos3-Nano-Policy-DROID-FP8"
     prov = json.loads((folder / "provenance.json").read_text())
     assert prov["source"]["revision_mismatch"] is True and prov["source"]["revision"] == COMMIT

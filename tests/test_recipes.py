@@ -388,3 +388,21 @@ def test_a_weight_steps_start_is_the_smoothed_models_weight_bit_for_bit(tiny: Pa
         changed += not torch.equal(start[name], before[f"{name}.weight"])
     assert changed == len({n for g in groups for n in g.linears} | twice)
     assert all(torch.equal(v, before[k]) for k, v in source.state.items())  # the source itself is left as it was
+
+
+def test_too_few_calibration_calls_are_refused_before_the_capture(tiny: Path, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 observations give 32 x 4 steps x 2 guidance passes = 256 calls: 512 are refused before any rollout, in a
+    cache of its own that stays without a capture."""
+    builds = tmp_path / "builds"
+    shutil.copytree(ROOT / "builds", builds)
+    path = builds / "rtn.yaml"
+    path.write_text(path.read_text().replace("calibration_calls: 256", "calibration_calls: 512"))
+    monkeypatch.setenv("RELEASE_BUILDS", str(builds))
+    monkeypatch.setenv("RELEASE_CACHE", str(tmp_path / "cache"))
+    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 2, result.output
+    assert f"{builds / 'rtn.yaml'}: field 'calibration_calls' asks for 512 calls, the 32 calibration observations " \
+           "give 256" in result.output.replace("\n", "")
+    assert not (tmp_path / "cache" / "calibration").exists() and not (tmp_path / "dist").exists()

@@ -487,3 +487,14 @@ def test_the_holm_level_interval_excludes_zero_exactly_when_holm_rejects() -> No
                 checked += 1
                 rejected += adjusted < 0.05
     assert checked == 480 and 20 < rejected < 460  # both outcomes occur
+
+
+def test_the_tables_say_which_gate_criterion_failed_and_its_limit() -> None:
+    from release.core.config import Gate
+    from release.measure.tables import _gate
+
+    limits = Gate(overall_sigma=0.13, gripper_change_rate=0.005)
+    record = {"gate": False, "overall_sigma": 0.2104, "gripper_changes": 12, "n_steps": 1024}
+    assert _gate(record, limits) == "fail: overall 0.210 > 0.13, gripper changes 12 > 5.12"
+    assert _gate({**record, "overall_sigma": 0.1}, limits) == "fail: gripper changes 12 > 5.12"
+    assert _gate({**record, "gate": True, "overall_sigma": 0.1, "gripper_changes": 1}, limits) == "pass"

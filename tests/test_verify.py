@@ -199,3 +199,26 @@ def test_a_resident_source_is_read_only_where_it_equals_the_files(tmp_path: Path
         assert not _files_hold(tmp_path, other)
     (tmp_path / "two.safetensors").write_bytes(b"not a shard")
     assert not _files_hold(tmp_path, resident)
+
+
+def test_verify_and_eval_find_the_source_and_observations_the_build_was_made_from(
+        rtn_build: Path, tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """'release build --source S --observations O --out D' records both in D (never in a repo folder); verify and
+    eval on D need neither option, --source still wins, and a recorded folder that is gone is passed over."""
+    dist = tmp_path / "dist"
+    shutil.copytree(rtn_build.parent, dist)
+    recorded = json.loads((dist / ".release-inputs.json").read_text())
+    assert recorded == {"source": str((tiny / "source").resolve()),
+                        "observations": str((tiny / "observations").resolve())}
+    result = invoke("verify", "--all", "--dist", dist)  # every build of the sweep that is there
+    assert result.exit_code == 0, result.output
+    assert "verification: Cosmos3-Nano-Policy-DROID-FP8 " in result.output and "loadable" in result.output
+    result = invoke("verify", "--dist", dist)
+    assert result.exit_code == 2 and "name at least one build, or pass --all" in result.output
+    result = invoke("eval", "rtn", "--path", "fakequant", "--split", "validation", "--dist", dist)
+    assert result.exit_code == 0, result.output
+    monkeypatch.chdir(tmp_path)  # no ./builds: the shipped defaults, and no base model in the cache
+    (dist / ".release-inputs.json").write_text(json.dumps({"source": str(tmp_path / "gone"),
+                                                          "observations": str(tmp_path / "gone")}))
+    result = invoke("verify", "rtn", "--dist", dist)
+    assert result.exit_code == 2 and "base model" in result.output, result.output

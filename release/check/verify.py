@@ -43,7 +43,7 @@ from release.core.errors import ReleaseError
 from release.core.io import atomic_write, write_json
 from release.core.profile import stage
 from release.inputs.fixture import fixture_reference
-from release.inputs.source import SourceModel, resolve_checkpoint, resolve_source
+from release.inputs.source import SourceModel, recalled_inputs, resolve_checkpoint, resolve_source
 
 REFERENCE_BUILD = "rtn"  # NVIDIA's recipe: the reference of the layout checks when no --reference is given
 
@@ -67,6 +67,7 @@ class VerifyRequest:
         release = load_release()
         build = load_build(name)
         folder = dist / build.repo
+        source, observations = recalled_inputs(dist, source, observations)
         if not folder.is_dir():
             raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
         src = resolve_source(release, source)
@@ -257,6 +258,20 @@ def _files_hold(folder: Path, resident: dict[str, torch.Tensor]) -> bool:
     except Exception:  # an unreadable shard: the checks that read the files name it
         return False
     return seen == resident.keys()
+
+
+def verify_names(names: tuple[str, ...], all_builds: bool, dist: Path) -> tuple[str, ...]:
+    """The builds to verify: ``names``, or with ``--all`` every build of the sweep (else every build file) that has
+    a folder in ``dist``."""
+    from release.core.builds import available_builds
+
+    if all_builds:
+        names = tuple(n for n in load_release().sweep or available_builds() if (dist / load_build(n).repo).is_dir())
+        if not names:
+            raise ReleaseError(f"{dist}: no build of the sweep is there; run 'release build --all --out {dist}' first")
+    if not names:
+        raise ReleaseError("name at least one build, or pass --all (every build of the sweep in --dist)")
+    return names
 
 
 def verify_builds(requests: list[VerifyRequest]) -> bool:

@@ -151,6 +151,30 @@ class Selection(_Strict):
         return self
 
 
+class CampaignEval(_Strict):
+    """One evaluation of ``release campaign``: every build of ``builds`` (default: the whole sweep) on ``path`` and
+    ``split``, as ``release eval`` would run it; a build named here that the sweep leaves out is not made, so not
+    evaluated."""
+
+    path: Literal["fakequant", "deployed"]
+    split: Literal["calibration", "validation", "all"]
+    builds: list[str] | None = None
+
+    @field_validator("builds")
+    @classmethod
+    def _builds(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else _unique_build_names(v, "builds")
+
+
+class Campaign(_Strict):
+    """What ``release campaign`` evaluates after each build is made and verified (default: the selection's path and
+    split, the least the selection needs), and the splits of its BF16 yardsticks (eager vs torch.compile, seed vs
+    seed)."""
+
+    evals: list[CampaignEval] = Field([], description="default: the selection's path and split for every build")
+    yardsticks: list[Literal["calibration", "validation", "all"]] = []
+
+
 class ReleaseConfig(_Strict):
     version: str = Field(description="the version of this release of the checkpoints (not of the tool): tag "
                          "v<version>, release notes in RELEASES.md")
@@ -180,6 +204,7 @@ class ReleaseConfig(_Strict):
         "A build whose Holm-adjusted interval lies within +-margin is 'equivalent', not 'lower' or 'higher'")
     sweep: list[str] = Field([], description="the builds 'release build --all' makes, in the campaign's order "
                              "(default: every build file)")
+    campaign: Campaign = Campaign()
 
     @field_validator("sweep")
     @classmethod

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from release.core.config import SOURCE_ENV, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import read_json
+from release.core.io import read_json, write_json
 from release.inputs.fixture import content_revision
 
 if TYPE_CHECKING:
@@ -76,6 +76,32 @@ def resolve_source(release: ReleaseConfig, source: Path | str | None) -> Path:
     if not (folder / "model_index.json").is_file():
         raise ReleaseError(f"{folder}: no model_index.json; --source must be a diffusers pipeline folder")
     return folder
+
+
+INPUTS = ".release-inputs.json"  # in DIST: where its builds' source and observations are on this machine
+OBSERVATIONS_ENV = "RELEASE_OBSERVATIONS"
+
+
+def remember_inputs(dist: Path, source: Path, observations: Path) -> None:
+    """Record in ``dist`` the source folder and observation set its builds are made from, so that verify, eval and
+    campaign on that dist find them without the options again. Local paths: the file is in no repo folder, so it
+    is never pushed."""
+    write_json(dist / INPUTS, {"source": str(source.resolve()), "observations": str(observations.resolve())})
+
+
+def recalled_inputs(dist: Path, source: str | Path | None, observations: Path | None
+                    ) -> tuple[str | Path | None, Path | None]:
+    """``--source`` and ``--observations`` as given, else their environment variables, else what the builds of
+    ``dist`` were made from (:func:`remember_inputs`), else None (the caller's default). A recorded folder that is
+    gone is passed over."""
+    recorded = read_json(dist / INPUTS, "inputs", "release build") if (dist / INPUTS).is_file() else {}
+    if source is None and not os.environ.get(SOURCE_ENV) and Path(recorded.get("source", "")).is_dir():
+        source = recorded["source"]
+    if observations is None and os.environ.get(OBSERVATIONS_ENV):
+        observations = Path(os.environ[OBSERVATIONS_ENV])
+    if observations is None and Path(recorded.get("observations", "")).is_dir():
+        observations = Path(recorded["observations"])
+    return source, observations
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, read_json, write_json
 from release.core.profile import device_name, stage
 from release.inputs.observations import Observation, action_sigma, load_observations, observation_set_digest
-from release.inputs.source import resolve_source, source_revision
+from release.inputs.source import recalled_inputs, resolve_source, source_revision
 from release.measure.layout import EXTERNAL, EXTERNAL_TITLE, PERF, RESULTS, YARDSTICKS, as_external, external_name
 from release.quantize.load import deployed_transformer, fakequant_transformer
 
@@ -94,6 +94,7 @@ class EvalRequest:
             name = external_name(external)
             subjects.append(Subject(as_external(name, external_title), folder, dist / EXTERNAL / name,
                                     source_identity(folder).revision, external))
+        source, observations = recalled_inputs(dist, source, observations)
         src = resolve_source(release, source)
         obs = observations or src.parent / "observations"
         if not (obs / "index.json").is_file():
@@ -149,7 +150,7 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
             pipe = load_pipeline(request.source, request.release.policy, transformer=make_transformer())
         gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
         with Progress(transient=True) as progress:
-            task = progress.add_task(f"{world().tag}rollouts: {label}", total=len(todo))
+            task = progress.add_task(f"{world().tag}rollouts: {shown(label)}", total=len(todo))
             for i in todo:
                 settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
                 if gemms is not None:
@@ -169,6 +170,12 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
         free_memory()  # before the next path's model is placed
     world().barrier()
     return np.stack([np.load(p) for p in paths])
+
+
+def shown(label: str) -> str:
+    """A rollout series as the progress shows it: the path and the build (``fakequant rtn``), not its cache key."""
+    parts = label.split(":")
+    return " ".join(parts[:3] if len(parts) > 2 and parts[1] == EXTERNAL else parts[:2])
 
 
 def machine() -> dict[str, str | None]:
@@ -298,29 +305,49 @@ def _label(request: EvalRequest, subject: Subject) -> str:
     return f"{request.path}:{build.name}:{config}:{data}:{__version__}:{EMULATION}"
 
 
+def _series(request: EvalRequest, splits: list[str]) -> tuple[list[Observation], list[int]]:
+    """The rollouts' observations and noise seeds on the union of ``splits``: each observation under noise_seeds
+    seeds, rows of one observation which the statistics average and resample."""
+    policy: PolicySettings = request.release.policy
+    everything = load_observations(request.observations)
+    chosen = list({o.obs_id: o for s in splits for o in select(everything, request.release, s)}.values())
+    obs = [o for o in chosen for _ in range(policy.noise_seeds)]
+    seeds = [policy.noise_seed + k for _ in chosen for k in range(policy.noise_seeds)]
+    return obs, seeds
+
+
+def _candidate(request: EvalRequest, subject: Subject, label: str, obs: list[Observation],
+               seeds: list[int]) -> np.ndarray:
+    if request.path == "fakequant":
+        make = functools.partial(fakequant_transformer, request.source, subject.checkpoint, subject.build)
+        return rollouts(request, label, make, obs, seeds, {})
+    deployed_kwargs = {"mixed_precision_format": "none"}  # W8A8 on every step, as NVIDIA's policy server serves it
+    return rollouts(request, label, functools.partial(deployed_transformer, subject.checkpoint), obs, seeds,
+                    deployed_kwargs)
+
+
+def roll_out(request: EvalRequest, splits: list[str]) -> None:
+    """The rollouts of BF16 and of each subject on the union of ``splits``, each model loaded once, into the cache;
+    ``run_eval`` of each split then reads them (``release campaign``: a build's two splits from one load)."""
+    obs, seeds = _series(request, splits)
+    rollouts(request, "bf16", lambda: None, obs, seeds, {})
+    for subject in request.subjects:
+        _candidate(request, subject, _label(request, subject), obs, seeds)
+
+
 def run_eval(request: EvalRequest) -> list[Path]:
     """Replay the policy for BF16 and each build on the split, store the results (and yardsticks if asked).
     Under torchrun the ranks share the rollouts and rank 0 writes the results (the others return none)."""
     from release.core.distributed import world
 
-    policy: PolicySettings = request.release.policy
-    split = select(load_observations(request.observations), request.release, request.split)
-    sigma = action_sigma(request.observations, request.release.action_stats, policy.action_dims)
     labels = {s.build.name: _label(request, s) for s in request.subjects}  # before any model runs
-    # each observation under noise_seeds seeds: rows of one observation, which the statistics average and resample
-    obs = [o for o in split for _ in range(policy.noise_seeds)]
-    seeds = [policy.noise_seed + k for _ in split for k in range(policy.noise_seeds)]
+    obs, seeds = _series(request, [request.split])
+    sigma = action_sigma(request.observations, request.release.action_stats, request.release.policy.action_dims)
     reference = rollouts(request, "bf16", lambda: None, obs, seeds, {})
     written = []
-    deployed_kwargs = {"mixed_precision_format": "none"}  # W8A8 on every step, as NVIDIA's policy server serves it
     for subject in request.subjects:
         label = labels[subject.build.name]
-        if request.path == "fakequant":
-            make = functools.partial(fakequant_transformer, request.source, subject.checkpoint, subject.build)
-            candidate = rollouts(request, label, make, obs, seeds, {})
-        else:
-            candidate = rollouts(request, label, functools.partial(deployed_transformer, subject.checkpoint), obs,
-                                 seeds, deployed_kwargs)
+        candidate = _candidate(request, subject, label, obs, seeds)
         out = subject.results / RESULTS / f"{request.path}-{request.split}.npz"
         computed = computation(request, label, obs, seeds)
         save_results(out, reference, candidate, obs, seeds, sigma, computed)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from release.core.builds import available_builds, load_build, load_release
-from release.core.config import BuildConfig, ReleaseConfig
+from release.core.config import BuildConfig, Gate, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, build_date, output_folder, read_json, write_json
 from release.measure.layout import PERF, RESULTS, YARDSTICKS, external_builds
@@ -43,6 +43,7 @@ from release.measure.stats import (
     concentration,
     decimals,
     gate,
+    gate_failures,
     gate_within_noise,
     observation_counts,
     overall,
@@ -371,10 +372,11 @@ def build_tables(request: TablesRequest) -> tuple[dict[str, Any], list[dict[str,
                      for (path, split), members in sorted(families.items()) if (path, split) in baselines],
     }
     measured = [r for r in records if r["path"] != "yardstick"]
+    gates = {r.build.name: r.build.gate for r in results}
     ranked = sorted(measured, key=lambda r: (r["path"], r["split"], r["overall_sigma"]))
     tables = {
-        "fidelity": _formatted([r for r in measured if r["path"] != "served"]),
-        "served": _formatted([r for r in measured if r["path"] == "served"]),
+        "fidelity": _formatted([r for r in measured if r["path"] != "served"], gates),
+        "served": _formatted([r for r in measured if r["path"] == "served"], gates),
         "ranking": pd.DataFrame({
             "path": [r["path"] for r in ranked], "split": [r["split"] for r in ranked],
             "build": [r["title"] for r in ranked],
@@ -415,7 +417,19 @@ def _p(record: dict[str, Any]) -> str:
     return TOO_FEW if p is None else np.format_float_positional(round(p, p_decimals(p)), trim="-")
 
 
-def _formatted(records: list[dict[str, Any]]) -> pd.DataFrame:
+def _gate(record: dict[str, Any], limits: Gate) -> str:
+    """``pass``, or ``fail`` with each criterion missed and its limit (``overall 0.210 > 0.13``)."""
+    if record["gate"]:
+        return "pass"
+    allowed = limits.gripper_change_rate * record["n_steps"]
+    missed = gate_failures(record["overall_sigma"], record["gripper_changes"], record["n_steps"],
+                           limits.overall_sigma, limits.gripper_change_rate)
+    why = {"overall_sigma": f"overall {record['overall_sigma']:.3f} > {limits.overall_sigma:g}",
+           "gripper_changes": f"gripper changes {record['gripper_changes']} > {allowed:g}"}
+    return f"fail: {', '.join(why[m] for m in missed)}"
+
+
+def _formatted(records: list[dict[str, Any]], gates: dict[str, Gate]) -> pd.DataFrame:
     """The seed card's fidelity columns, formatted."""
     return pd.DataFrame({
         "build": [r["title"] for r in records], "path": [r["path"] for r in records],
@@ -428,7 +442,7 @@ def _formatted(records: list[dict[str, Any]]) -> pd.DataFrame:
             f"[{r['gripper_ci'][0] * 100:.2f}, {r['gripper_ci'][1] * 100:.2f}]" if r["gripper_ci"] else f"({TOO_FEW})")
             for r in records],
         "changes": [r["gripper_changes"] for r in records],
-        "gate": ["pass" if r["gate"] else "fail" for r in records],
+        "gate": [_gate(r, gates[r["build"]]) for r in records],
     })
 
 

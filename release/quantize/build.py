@@ -16,25 +16,27 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from release import __version__
 from release.core.builds import available_builds, load_build, load_release
-from release.core.config import BuildConfig, ReleaseConfig, builds_dir
+from release.core.config import BuildConfig, PolicySettings, ReleaseConfig, builds_dir
 from release.core.errors import ReleaseError
 from release.core.io import CHECKOUT, atomic_dir, build_date, cache_dir, output_folder, sha256_file, write_json
 from release.core.profile import stage
 from release.inputs.observations import Observation, dataset_id, load_observations, observation_set_digest, split
 from release.inputs.source import (
+    OBSERVATIONS_ENV,
     Revision,
     SourceModel,
     check_architecture,
     check_revision,
+    recalled_inputs,
     resolve_source,
     source_identity,
     source_license,
 )
+from release.quantize.extensions import ExtensionBuild
 
 if TYPE_CHECKING:
     from release.quantize.recipes import ObserverPasses
 
-OBSERVATIONS_ENV = "RELEASE_OBSERVATIONS"
 console = Console(stderr=True)
 
 
@@ -57,11 +59,10 @@ class BuildRequest:
         if not names:
             raise ReleaseError(f"name at least one build ({', '.join(available_builds())}) or pass --all")
         builds = [load_build(n) for n in dict.fromkeys(names)]
+        source, observations = recalled_inputs(out, source, observations)
         src = resolve_source(release, source)
         identity = source_identity(src)
         check_revision(release, identity, allow_revision_mismatch)  # before any work
-        if observations is None:
-            observations = Path(os.environ[OBSERVATIONS_ENV]) if os.environ.get(OBSERVATIONS_ENV) else None
         if observations is None:
             observations = src.parent / "observations"
         if not (observations / "index.json").is_file():
@@ -124,6 +125,28 @@ def capture_calibration(request: BuildRequest, observations: list[Observation],
     return folder, transformer
 
 
+def calls_per_rollout(policy: PolicySettings) -> int:
+    """Transformer calls of one rollout: per denoising step a conditional pass and, under classifier-free guidance
+    (diffusers' rule: a guidance scale other than 1), an unconditional one."""
+    return policy.steps * (2 if policy.guidance != 1.0 else 1)
+
+
+def check_data(build: BuildConfig, observations: int, calls: int) -> None:
+    """Whether ``observations`` calibration observations giving ``calls`` transformer calls are enough for the build's
+    calibration calls and algorithm calls (one per observation); else a one-line error naming the build file."""
+    if calls < build.calibration_calls:
+        raise ReleaseError(
+            f"{builds_dir() / build.name}.yaml: field 'calibration_calls' asks for {build.calibration_calls} calls, "
+            f"the {observations} calibration observations give {calls}; add observations from the calibration labs "
+            "or lower calibration_calls"
+        )
+    if build.needs_algorithm_data and observations < build.algorithm_calls:
+        raise ReleaseError(
+            f"{builds_dir() / build.name}.yaml: field 'algorithm_calls' asks for {build.algorithm_calls} calls (one "
+            f"per observation), only {observations} calibration observations exist; add observations or lower it"
+        )
+
+
 @dataclass(frozen=True)
 class CalibrationData:
     """The captured transformer calls, per observation, and their hash."""
@@ -141,22 +164,13 @@ class CalibrationData:
 
     def calibration_calls(self, build: BuildConfig) -> list[dict[str, Any]]:
         calls = [c for per_obs in self.per_observation for c in per_obs]
-        if len(calls) < build.calibration_calls:
-            raise ReleaseError(
-                f"builds/{build.name}.yaml: field 'calibration_calls' asks for {build.calibration_calls} calls, the "
-                f"{len(self.per_observation)} calibration observations give {len(calls)}; add observations from the "
-                "calibration labs or lower calibration_calls"
-            )
+        check_data(build, len(self.per_observation), len(calls))
         return calls[: build.calibration_calls]
 
     def algorithm_calls(self, build: BuildConfig) -> list[dict[str, Any]]:
         """One call per observation, cycling through the rollout's steps and CFG passes (obs i -> call i mod 8)."""
         calls = [per_obs[i % len(per_obs)] for i, per_obs in enumerate(self.per_observation) if per_obs]
-        if build.needs_algorithm_data and len(calls) < build.algorithm_calls:
-            raise ReleaseError(
-                f"builds/{build.name}.yaml: field 'algorithm_calls' asks for {build.algorithm_calls} calls (one per "
-                f"observation), only {len(calls)} calibration observations exist; add observations or lower it"
-            )
+        check_data(build, len(calls), sum(len(per_obs) for per_obs in self.per_observation))
         return calls[: build.algorithm_calls]
 
     @staticmethod
@@ -203,9 +217,9 @@ class Builder:
     under ``request.out`` with its provenance (:meth:`make`)."""
 
     def __init__(self, request: BuildRequest, config: dict[str, Any], calibration: list[Observation],
-                 data: CalibrationData, source: SourceModel, device: str) -> None:
+                 data: CalibrationData, source: SourceModel, device: str, extensions: ExtensionBuild) -> None:
         self.request, self.config, self.calibration, self.data = request, config, calibration, data
-        self.source, self.device = source, device
+        self.source, self.device, self.extensions = source, device, extensions
 
     @classmethod
     def prepare(cls, request: BuildRequest) -> Builder:
@@ -215,13 +229,22 @@ class Builder:
         from release.quantize.export import reserve_staging
 
         config = check_architecture(request.source)
+        identity, release = request.identity, request.release
+        console.print(f"source: {request.source} ({identity.repo + ' at ' if identity.repo else ''}"
+                      f"{identity.origin} {identity.revision[:12]})")
+        if identity.is_commit and identity.revision != release.base_revision:  # allowed, or create had refused
+            console.print(f"[yellow]warning:[/] the source is not base_revision {release.base_revision[:12]} of "
+                          "release.yaml (--allow-revision-mismatch): provenance and cards say so")
         everything = load_observations(request.observations)
         calibration = split(everything, request.release.calibration_labs)
         if not calibration:
             raise ReleaseError(f"{request.observations}: no observation from the calibration labs "
                                f"({', '.join(request.release.calibration_labs)})")
+        for build in request.builds:  # before the capture: its length is known from the policy settings
+            check_data(build, len(calibration), len(calibration) * calls_per_rollout(request.release.policy))
         device = compute_device()
         reserve_staging(request.source, device)
+        extensions = ExtensionBuild(device)  # compiled while the capture runs
         folder, policy_transformer = capture_calibration(request, calibration, request.identity.revision)
         with stage("load the calibration capture"):
             data = CalibrationData.load(folder, calibration)
@@ -232,7 +255,7 @@ class Builder:
             if policy_transformer is not None:
                 del policy_transformer  # what the source did not take of it is collected before the builds start
                 free_memory()
-        return cls(request, config, calibration, data, source, device)
+        return cls(request, config, calibration, data, source, device, extensions)
 
     def make(self, build: BuildConfig, observed: ObserverPasses, console: Console) -> Path:
         """Quantize, export and record the provenance of one build, atomically into its folder."""
@@ -244,6 +267,7 @@ class Builder:
         from release.quantize.recipes import changes_weights, max_weight_error, quantize, steps
 
         request, data, source, device = self.request, self.data, self.source, self.device
+        self.extensions.wait(console)
         revision = request.identity.revision
         calls, algorithm = data.calibration_calls(build), data.algorithm_calls(build)
         final = request.out / build.repo

@@ -1,4 +1,4 @@
-"""Commands that span stages. ``release build`` makes each build (:mod:`release.quantize.build`) and verifies it
+"""``release build`` makes each build (:mod:`release.quantize.build`) and verifies it
 (:mod:`release.check.verify`) as soon as it is made, so that a sweep's builds need not all be on disk at once and a
 stopped sweep has already verified what it made."""
 
@@ -8,6 +8,7 @@ from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 from release.core.config import BuildConfig
 from release.core.distributed import world
 from release.inputs.fixture import fixture_reference
+from release.inputs.source import remember_inputs
 from release.quantize.build import Builder, BuildRequest, progress
 from release.quantize.recipes import ObserverPasses, observes_source
 
@@ -43,4 +44,6 @@ def run_builds(request: BuildRequest) -> bool:
     world().barrier()  # the RTN build, the others' reference, is in place
     for build in later:
         ok &= verifier(verification(build))
+    if world().main:  # verify and eval on this dist find them without the options
+        remember_inputs(request.out, request.source, request.observations)
     return world().all_true(ok)

@@ -1,0 +1,269 @@
+"""``release campaign``: the seed card's whole campaign in one command, resumable, within a small disk.
+
+From one load of the source and one calibration capture, each build of the sweep is made, verified and evaluated on
+the paths and splits of ``campaign.evals`` (``builds/release.yaml``); then the tables, the selection and the cards of
+the delivered builds follow. A build's checkpoint (its ``*.safetensors`` and ``*.pth`` files) is dropped once it is
+evaluated, unless it is sure to be delivered or is the other builds' verification reference: its provenance,
+verification report and results stay. Builds are byte-reproducible, so a dropped build that the selection chooses is
+rebuilt and put back only if every file equals the bytes its verification report recorded.
+
+``DIST/campaign.json`` records each finished step, with the key of the inputs it ran on (source revision,
+observation set, build configuration, tool version): a killed campaign resumes after its last finished step (the
+rollouts and the capture resume from their caches), and a changed input redoes what it touches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, replace
+from fnmatch import fnmatch
+from pathlib import Path
+from typing import Any
+
+from release import __version__
+from release.check.report import REPORT_JSON, file_manifest, load_report, manifest_files
+from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
+from release.core.builds import load_build
+from release.core.config import BuildConfig, CampaignEval, builds_dir
+from release.core.errors import ReleaseError
+from release.core.io import read_json, write_json
+from release.core.profile import stage
+from release.inputs.fixture import fixture_reference
+from release.inputs.observations import observation_set_digest
+from release.inputs.source import remember_inputs
+from release.measure.evaluate import EvalRequest, Subject, roll_out, run_eval
+from release.measure.select import SelectRequest, delivery, run_select
+from release.measure.tables import TablesRequest, run_tables
+from release.publish.card.render import CardRequest, render_cards
+from release.quantize.build import Builder, BuildRequest, console, progress
+from release.quantize.recipes import ObserverPasses, observes_source
+
+JOURNAL = "campaign.json"
+JOURNAL_FORMAT = "release-campaign/1"
+CHECKPOINT_FILES = ("*.safetensors", "*.pth")  # what a dropped build loses: its weights and ModelOpt state
+REBUILD = ".campaign-rebuild"  # under DIST: where a dropped build is rebuilt before its bytes are compared
+
+
+@dataclass(frozen=True)
+class CampaignRequest:
+    build: BuildRequest  # every build of the sweep, the source, the observations, DIST
+    keep_checkpoints: bool
+    baseline: str
+    resamples: int
+
+    @classmethod
+    def create(cls, source: str | None, observations: Path | None, dist: Path, keep_checkpoints: bool,
+               baseline: str, resamples: int, allow_revision_mismatch: bool = False) -> CampaignRequest:
+        request = BuildRequest.create((), True, source, observations, dist, allow_revision_mismatch)
+        evals(request, request.builds[0])  # a release.yaml whose selection cannot be evaluated fails here
+        for e in request.release.campaign.evals:
+            for name in e.builds or []:
+                load_build(name)  # a name without a build file is refused before any work
+        return cls(request, keep_checkpoints, baseline, resamples)
+
+    @property
+    def dist(self) -> Path:
+        return self.build.out
+
+
+def evals(request: BuildRequest, build: BuildConfig) -> list[CampaignEval]:
+    """The evaluations of ``build``: ``campaign.evals`` that name it (or name no builds), else the selection's path
+    and split."""
+    release = request.release
+    listed = release.campaign.evals
+    if not listed:
+        rule = release.selection
+        if rule is None or rule.path == "served":
+            raise ReleaseError(f"{builds_dir() / 'release.yaml'}: 'campaign.evals' is empty and the selection's path "
+                               "is not one the campaign runs (fakequant or deployed); list the evaluations under "
+                               "'campaign.evals'")
+        listed = [CampaignEval(path=rule.path, split=rule.split)]
+    return [e for e in listed if e.builds is None or build.name in e.builds]
+
+
+class Journal:
+    """``DIST/campaign.json``: per build, the key of its inputs and its finished steps (verified, evaluated,
+    dropped files), written atomically after each step."""
+
+    def __init__(self, request: BuildRequest) -> None:
+        self.path = request.out / JOURNAL
+        self.inputs = f"{request.identity.revision}|{observation_set_digest(request.observations)}|{__version__}"
+        doc: Any = {}
+        if self.path.is_file():
+            try:
+                doc = json.loads(self.path.read_text(encoding="utf-8"))
+            except ValueError as exc:  # invalid JSON or not UTF-8: a file this tool did not write whole
+                raise ReleaseError(f"{self.path}: not valid JSON ({exc}); delete it to run the campaign from its "
+                                   "start (finished builds are then verified again, rollouts come from the cache)"
+                                   ) from exc
+        builds = doc.get("builds") if isinstance(doc, dict) and doc.get("format") == JOURNAL_FORMAT else {}
+        if not isinstance(builds, dict) or not all(isinstance(v, dict) for v in builds.values()):
+            raise ReleaseError(f"{self.path}: field 'builds' must map build names to records; delete the file to run "
+                               "the campaign from its start")
+        self.builds: dict[str, dict[str, Any]] = builds
+
+    def entry(self, build: BuildConfig) -> dict[str, Any]:
+        """The build's record; a record of other inputs (another source, data, configuration or tool) is dropped."""
+        key = f"{self.inputs}|{build.digest()}"
+        if self.builds.get(build.name, {}).get("key") != key:
+            self.builds[build.name] = {"key": key}
+        return self.builds[build.name]
+
+    def save(self) -> None:
+        write_json(self.path, {"format": JOURNAL_FORMAT, "builds": self.builds})
+
+
+def _weights(rel: str) -> bool:
+    return any(fnmatch(Path(rel).name, p) for p in CHECKPOINT_FILES)
+
+
+def checkpoint_files(folder: Path) -> list[str]:
+    """The files of a build that its campaign may drop and must restore byte for byte: its weights."""
+    return [rel for rel in manifest_files(folder) if _weights(rel)]
+
+
+def drop_checkpoint(folder: Path, entry: dict[str, Any], journal: Journal) -> None:
+    files = entry.get("dropped") or checkpoint_files(folder)
+    entry["dropped"] = files  # recorded first: a kill mid-way leaves the list to finish with
+    journal.save()
+    for rel in files:
+        (folder / rel).unlink(missing_ok=True)
+
+
+def restore_checkpoints(request: CampaignRequest, builds: list[BuildConfig], journal: Journal) -> None:
+    """Rebuild dropped builds beside DIST (one load of the source) and put their weights back, each only if every
+    file equals the bytes its verification report recorded (sha256 and size); else a one-line error naming it."""
+    staging = request.dist / REBUILD
+    _check_space(request.dist, builds, journal)
+    builder = Builder.prepare(replace(request.build, builds=builds, out=staging))
+    observed = ObserverPasses(b.calibrator for b in builds if observes_source(b))
+    for build in builds:
+        folder, entry = request.dist / build.repo, journal.entry(build)
+        loaded = load_report(folder, build.name)
+        if loaded is None:
+            raise ReleaseError(f"{folder / REPORT_JSON}: missing; the dropped checkpoint of {build.name} cannot be "
+                               f"checked; run 'release build {build.name}' and 'release verify {build.name}'")
+        recorded = loaded[0].manifest
+        with stage(f"campaign: rebuild {build.name}"):
+            builder.make(build, observed, console)
+        files: list[str] = entry["dropped"]
+        rebuilt = file_manifest(staging / build.repo, files)
+        for rel in files:
+            if rel not in recorded or rebuilt[rel] != recorded[rel]:
+                was = recorded[rel].sha256 if rel in recorded else "no entry"
+                raise ReleaseError(f"{staging / build.repo / rel}: the rebuilt {build.name} differs from the bytes "
+                                   f"its verification saw (sha256 {rebuilt[rel].sha256}, {folder / REPORT_JSON}: "
+                                   f"{was}); this machine does not reproduce it: rerun 'release campaign "
+                                   "--keep-checkpoints'")
+        for rel in files:
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / build.repo / rel, folder / rel)
+        del entry["dropped"]
+        journal.save()
+        console.print(f"  {build.name}: rebuilt, its {len(files)} weight files equal the verified bytes, put back")
+    shutil.rmtree(staging)
+
+
+def _check_space(dist: Path, builds: list[BuildConfig], journal: Journal) -> None:
+    """Refuse before any rebuild when the disk cannot hold the weights to put back (their sizes, as verified)."""
+    needed = 0
+    for build in builds:
+        loaded = load_report(dist / build.repo, build.name)
+        manifest = loaded[0].manifest if loaded is not None else {}
+        needed += sum(manifest[rel].size for rel in journal.entry(build)["dropped"] if rel in manifest)
+    free = shutil.disk_usage(dist).free
+    if needed > free:
+        raise ReleaseError(f"{dist}: putting back the weights of {', '.join(b.name for b in builds)} needs "
+                           f"{needed / 1e9:.1f} GB, {free / 1e9:.1f} GB are free; free disk space and rerun "
+                           "'release campaign' (it resumes here)")
+
+
+def _kept(request: CampaignRequest) -> set[str]:
+    """Builds whose checkpoints stay through the sweep: those delivered whatever the data say, and the RTN build
+    while it is the other builds' verification reference (no fixture reference)."""
+    release = request.build.release
+    sure = set(delivery(release, None).builds) if release.selection is not None else set(release.repos)
+    return sure | ({REFERENCE_BUILD} if fixture_reference(request.build.source) is None else set())
+
+
+def _evaluate(request: CampaignRequest, build: BuildConfig) -> None:
+    """Every evaluation of the build; each path's splits rolled out from one load of each model."""
+    dist, b = request.dist, request.build
+    subject = Subject(build, dist / build.repo, dist / build.repo)
+    wanted = evals(b, build)
+    for path in dict.fromkeys(e.path for e in wanted):
+        splits = [e.split for e in wanted if e.path == path]
+        base = EvalRequest(b.release, [subject], path, splits[0], dist, b.source, b.observations, b.cache, False)
+        with stage(f"campaign: eval {path}"):
+            roll_out(base, list(splits))
+            for split in splits:
+                run_eval(replace(base, split=split))
+
+
+def _yardsticks(request: CampaignRequest) -> None:
+    b = request.build
+    for split in b.release.campaign.yardsticks:
+        with stage("campaign: yardsticks"):
+            run_eval(EvalRequest(b.release, [], "fakequant", split, request.dist, b.source, b.observations, b.cache,
+                                 True))
+
+
+def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
+    """The campaign (module docstring); the cards written, and whether every build passed its verification."""
+    b, dist = request.build, request.dist
+    journal = Journal(b)
+    kept = _kept(request)
+    builder: Builder | None = None
+    verifier: Verifier | None = None
+    ok = True
+    _yardsticks(request)
+    # the verification reference first (the order of 'release build --all'); each build made and checked in turn
+    builds = sorted(b.builds, key=lambda x: x.name != REFERENCE_BUILD)
+    observed = ObserverPasses(x.calibrator for x in builds if observes_source(x))
+    with progress() as bars:
+        task = bars.add_task("campaign: builds", total=len(builds))
+        for build in builds:
+            entry, folder = journal.entry(build), dist / build.repo
+            if "verified" not in entry:
+                if not _built(folder, build, b.identity.revision):
+                    builder = builder or Builder.prepare(b)
+                    builder.make(build, observed, bars.console)
+                verifier = verifier or Verifier(builder.source if builder is not None else None)
+                entry["verified"] = verifier(VerifyRequest.create(build.name, dist, None, b.source, b.observations,
+                                                                  require_reference=False))
+                journal.save()
+            if entry["verified"] and not entry.get("evaluated"):
+                _evaluate(request, build)
+                entry["evaluated"] = True
+                journal.save()
+            ok &= entry["verified"]
+            if (build.name not in kept or not entry["verified"]) and not request.keep_checkpoints:
+                drop_checkpoint(folder, entry, journal)
+            bars.advance(task)
+    del builder, verifier
+    remember_inputs(dist, b.source, b.observations)  # verify and eval on this dist find them without the options
+    run_tables(TablesRequest.create((), dist, None, request.baseline, request.resamples))
+    delivered = delivery(b.release, run_select(SelectRequest.create(dist))).builds
+    dropped = [x for x in b.builds if x.name in delivered and journal.entry(x).get("dropped")]
+    if dropped:
+        restore_checkpoints(request, dropped, journal)
+    for build in b.builds:
+        if build.name not in delivered and not request.keep_checkpoints:
+            drop_checkpoint(dist / build.repo, journal.entry(build), journal)
+    cards = render_cards(CardRequest.create(tuple(delivered), dist, ",".join(b.release.languages)))
+    return cards, ok
+
+
+def _built(folder: Path, build: BuildConfig, revision: str) -> bool:
+    """Whether ``folder`` holds this build of this source whole: its provenance (a build folder is put in place
+    atomically) and, where it was verified before, every weight file its report lists (none dropped)."""
+    path = folder / "provenance.json"
+    if not path.is_file():
+        return False
+    prov = read_json(path, "provenance", f"release build {build.name}")
+    if prov.get("config_sha256") != build.digest() or prov.get("source", {}).get("revision") != revision:
+        return False
+    loaded = load_report(folder, build.name)
+    return loaded is None or all((folder / rel).is_file() for rel in loaded[0].manifest if _weights(rel))
