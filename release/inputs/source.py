@@ -95,12 +95,14 @@ def recalled_inputs(dist: Path, source: str | Path | None, observations: Path | 
     ``dist`` were made from (:func:`remember_inputs`), else None (the caller's default). A recorded folder that is
     gone is passed over."""
     recorded = read_json(dist / INPUTS, "inputs", "release build") if (dist / INPUTS).is_file() else {}
-    if source is None and not os.environ.get(SOURCE_ENV) and Path(recorded.get("source", "")).is_dir():
-        source = recorded["source"]
+    folders = {key: Path(value) for key, value in recorded.items() if isinstance(value, str) and value
+               and Path(value).is_dir()}
+    if source is None and not os.environ.get(SOURCE_ENV) and "source" in folders:
+        source = folders["source"]
     if observations is None and os.environ.get(OBSERVATIONS_ENV):
         observations = Path(os.environ[OBSERVATIONS_ENV])
-    if observations is None and Path(recorded.get("observations", "")).is_dir():
-        observations = Path(recorded["observations"])
+    if observations is None and "observations" in folders:
+        observations = folders["observations"]
     return source, observations
 
 

@@ -229,12 +229,6 @@ class Builder:
         from release.quantize.export import reserve_staging
 
         config = check_architecture(request.source)
-        identity, release = request.identity, request.release
-        console.print(f"source: {request.source} ({identity.repo + ' at ' if identity.repo else ''}"
-                      f"{identity.origin} {identity.revision[:12]})")
-        if identity.is_commit and identity.revision != release.base_revision:  # allowed, or create had refused
-            console.print(f"[yellow]warning:[/] the source is not base_revision {release.base_revision[:12]} of "
-                          "release.yaml (--allow-revision-mismatch): provenance and cards say so")
         everything = load_observations(request.observations)
         calibration = split(everything, request.release.calibration_labs)
         if not calibration:
@@ -250,6 +244,12 @@ class Builder:
             data = CalibrationData.load(folder, calibration)
         for build in request.builds:  # every build's data is checked before the first one is made
             data.calibration_calls(build), data.algorithm_calls(build)
+        identity, release = request.identity, request.release  # said once the inputs and the capture are checked
+        console.print(f"source: {request.source} ({identity.repo + ' at ' if identity.repo else ''}"
+                      f"{identity.origin} {identity.revision[:12]})")
+        if identity.is_commit and identity.revision != release.base_revision:  # allowed, or create had refused
+            console.print(f"[yellow]warning:[/] the source is not base_revision {release.base_revision[:12]} of "
+                          "release.yaml (--allow-revision-mismatch): provenance and cards say so")
         with stage("load the source"):
             source = SourceModel(request.source, device, policy_transformer)
             if policy_transformer is not None:
