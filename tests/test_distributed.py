@@ -48,7 +48,8 @@ def runs(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, tupl
 
 def test_two_ranks_build_the_same_bytes(runs: dict[int, tuple[Path, Path]]) -> None:
     one, two = _files(runs[1][0]), _files(runs[2][0])
-    assert {p.split("/")[0] for p in one} == {load_build(b).repo for b in BUILDS}
+    # the build folders, and where their source and observations are (release.inputs.source.remember_inputs)
+    assert {p.split("/")[0] for p in one} == {load_build(b).repo for b in BUILDS} | {".release-inputs.json"}
     assert sorted(one) == sorted(two)
     assert [p for p in one if one[p] != two[p]] == []  # weights, scales, provenance, verification, results
 
