@@ -45,7 +45,8 @@ def test_all_builds_the_sweep_and_every_build_verifies(campaign: Path) -> None:
         assert report["status"] == "passed", (name, [c for c in report["checks"] if c["status"] != "passed"])
         loadable = next(c for c in report["checks"] if c["name"] == "loadable")
         assert loadable["status"] == "passed" and "finite actions [32, 8]" in loadable["summary"]
-    assert sorted(p.name for p in campaign.iterdir()) == sorted(REPO.values())
+    # the build folders, and where their source and observations are (release.inputs.source.remember_inputs)
+    assert sorted(p.name for p in campaign.iterdir()) == sorted([*REPO.values(), ".release-inputs.json"])
     # one calibration set: every build of the sweep records the same calibration data
     digests = {_provenance(campaign / REPO[n])["calibration"]["sha256"] for n in sweep}
     assert len(digests) == 1
