@@ -183,8 +183,7 @@ def _check_space(dist: Path, builds: list[BuildConfig], journal: Journal) -> Non
 def _kept(request: CampaignRequest) -> set[str]:
     """Builds whose checkpoints stay through the sweep: those delivered whatever the data say, and the RTN build
     while it is the other builds' verification reference (no fixture reference)."""
-    release = request.build.release
-    sure = set(delivery(release, None).builds) if release.selection is not None else set(release.repos)
+    sure = set(delivery(request.build.release, None).builds)  # without a rule: every repo, as delivery says
     return sure | ({REFERENCE_BUILD} if fixture_reference(request.build.source) is None else set())
 
 
