@@ -18,7 +18,7 @@ for stage in $stages; do
   SECONDS=0
   case $stage in
     fixture) release fixture nano --out "$work/fx" ;;
-    build) release build rtn "${common[@]}" --out "$work/dist" ;;
+    build) release build rtn "${common[@]}" --dist "$work/dist" ;;
     eval) release eval rtn --path deployed --split validation "${common[@]}" --dist "$work/dist" ;;
     *) echo "unknown stage $stage" >&2; exit 2 ;;
   esac

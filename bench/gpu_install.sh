@@ -21,7 +21,7 @@ r=venv/bin/release
 common=(--source fx/source --observations fx/observations)
 step "release init proj" $r init proj
 step "release fixture tiny" $r fixture tiny --out fx
-step "release --builds proj/builds build rtn sq_auto" $r --builds proj/builds build rtn sq_auto "${common[@]}" --out dist
+step "release --builds proj/builds build rtn sq_auto" $r --builds proj/builds build rtn sq_auto "${common[@]}" --dist dist
 step "release eval (deployed, validation, yardsticks)" $r --builds proj/builds eval rtn sq_auto --path deployed \
   --split validation "${common[@]}" --dist dist --yardsticks
 step "release tables + select" bash -c "$r --builds proj/builds tables --dist dist && $r --builds proj/builds select --dist dist"

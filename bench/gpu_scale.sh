@@ -67,7 +67,7 @@ for step in $steps; do
       rm -f floor.bin ;;
     build)
       timed "release build ${BUILDS:-rtn}" env RELEASE_PROFILE="$out/build-profile.json" $r build ${BUILDS:-rtn} \
-        "${common[@]}" --out dist
+        "${common[@]}" --dist dist
       du -sb dist/* | tee -a "$out/times.md" ;;
     eval)
       timed "release eval rtn --path deployed --split validation" \
@@ -82,7 +82,7 @@ for step in $steps; do
       rm -rf cache/calibration
       timed "capped: release build ${BUILDS:-rtn}" env RELEASE_CACHE="$work/cache-capped" \
         RELEASE_PROFILE="$out/capped-build-profile.json" "${capped[@]}" build ${BUILDS:-rtn} "${common[@]}" \
-        --out dist-capped "${cap[@]}"
+        --dist dist-capped "${cap[@]}"
       df -B1 --output=used,avail . | tail -1 | sed 's/^/| disk used, free (bytes): /; s/$/ |/' | tee -a "$out/times.md"
       same dist dist-capped ;;
     capped-eval)

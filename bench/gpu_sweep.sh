@@ -14,7 +14,7 @@ mkdir -p sweep/kept
 r=(venv/bin/release ${BUILDS_DIR:+--builds "$BUILDS_DIR"})
 SECONDS=0
 RELEASE_PROFILE="$work/sweep/profile.json" "${r[@]}" build --all --source fx/source --observations fx/observations \
-  --out dist "$@" >sweep/log.txt 2>&1 &
+  --dist dist "$@" >sweep/log.txt 2>&1 &
 pid=$!
 collect() {
   for report in dist/*/verification/report.json; do

@@ -72,6 +72,20 @@ class _Group(click.Group):
             click.echo(f"build files: {where} ({why})", err=True)
         return result
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from release.core import config
+
+        config.BUILDS_OPTION.clear()  # one process may run several commands (tests, notebooks)
+        return super().parse_args(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """Each command's first sentence whole, wrapped by the formatter (click cuts it at the width with '...')."""
+        rows = [(name, command.get_short_help_str(limit=10_000)) for name in self.list_commands(ctx)
+                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 ENVIRONMENT = """\b
 Environment:
@@ -94,9 +108,9 @@ Environment:
   HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE
                         read by huggingface_hub (the endpoint, the cache, offline mode)
 """
-# The release's folder, as every command after 'release build --out DIST' takes it.
+# The release's folder, as every command takes it ('release build' writes it).
 DIST = click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True,
-                    help="The release's folder: a folder per build repo (what 'release build --out' wrote), tables/ "
+                    help="The release's folder: a folder per build repo (what 'release build' wrote), tables/ "
                     "and selection.json.")
 OBSERVATIONS = click.option("--observations", type=click.Path(path_type=Path), default=None,
                             help="Observation set (default: $RELEASE_OBSERVATIONS, then 'observations' beside the "
@@ -114,14 +128,26 @@ RESAMPLES = click.option("--resamples", type=click.IntRange(100, 1_000_000), def
                          help="Bootstrap and sign-flip resamples of the tables.")
 
 
+def _use_builds(ctx: click.Context, param: click.Parameter, builds: Path | None) -> None:
+    """``--builds DIR``, before or after the command's name (as ``hf`` and pip take their global options): the
+    folder of build files for the process; given in both places, the later one counts. Checked where the build files
+    are read (``builds_source``), so that a bad folder is a one-line error."""
+    from release.core import config
+
+    if builds is not None:
+        config.BUILDS_OPTION.append(builds)
+
+
+BUILDS = click.option("--builds", type=click.Path(path_type=Path, file_okay=False), default=None, expose_value=False,
+                      callback=_use_builds, help="Folder of build files (release.yaml and one file per build).")
+
+
 @click.group(cls=_Group, epilog=ENVIRONMENT, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="release")
-@click.option("--builds", "builds", type=click.Path(path_type=Path, file_okay=False), default=None,
-              help="Folder of build files (release.yaml and one file per build).")
+@BUILDS
 @click.pass_context
-def main(ctx: click.Context, builds: Path | None) -> None:
+def main(ctx: click.Context) -> None:
     """Build, verify, document and publish FP8 builds of Cosmos3-Nano-Policy-DROID."""
-    from release.core import config
     from release.core.distributed import join
     from release.core.profile import begin, check_target
 
@@ -129,12 +155,6 @@ def main(ctx: click.Context, builds: Path | None) -> None:
     check_target()
     rank = join(ctx.invoked_subcommand).rank  # torchrun: the process group, before any work
     begin(str(ctx.invoked_subcommand), rank)
-    config.BUILDS_OPTION.clear()  # one process may run several commands (tests, notebooks)
-    if builds is not None:
-        if not (builds / "release.yaml").is_file():
-            raise ReleaseError(f"--builds {builds}: no release.yaml there; pass the folder that holds the build "
-                               "files (after 'release init DIR' that is DIR/builds)")
-        config.BUILDS_OPTION.append(builds)
 
 
 def _quiet_libraries() -> None:
@@ -164,10 +184,10 @@ def init(folder: Path) -> None:
 @click.argument("size", type=click.Choice(["tiny", "nano"]))
 @click.option("--out", "out", type=click.Path(path_type=Path), required=True, help="Folder to create.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and observations.")
-@click.option("--observations", "n_obs", type=click.IntRange(1, 10_000), default=32, show_default=True,
-              help="Observations from the calibration labs.")
-@click.option("--heldout", type=click.IntRange(0, 10_000), default=16, show_default=True,
-              help="Observations from the held-out labs.")
+@click.option("--calibration", "n_obs", type=click.IntRange(1, 10_000), default=32, show_default=True, metavar="N",
+              help="How many observations from the calibration labs.")
+@click.option("--heldout", type=click.IntRange(0, 10_000), default=16, show_default=True, metavar="N",
+              help="How many observations from the held-out labs.")
 def fixture(size: str, out: Path, seed: int, n_obs: int, heldout: int) -> None:
     """A Cosmos3OmniTransformer checkpoint (the real architecture) and synthetic DROID observations.
 
@@ -191,11 +211,13 @@ def _max_gpu_memory(command: Callable[..., None]) -> Callable[..., None]:
 
 
 @main.command()
+@BUILDS
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_builds", is_flag=True, help="Build the sweep of release.yaml (else every build file).")
 @SOURCE
 @OBSERVATIONS
-@click.option("--out", type=click.Path(path_type=Path), default=Path("dist"), show_default=True)
+@click.option("--dist", "--out", "out", type=click.Path(path_type=Path), default=Path("dist"), show_default=True,
+              help="The release's folder, a folder per build repo inside it (--out: the same, its older name).")
 @ALLOW_REVISION_MISMATCH
 @_max_gpu_memory
 def build(names: tuple[str, ...], all_builds: bool, source: str | None, observations: Path | None,
@@ -212,6 +234,7 @@ def build(names: tuple[str, ...], all_builds: bool, source: str | None, observat
 
 
 @main.command()
+@BUILDS
 @SOURCE
 @OBSERVATIONS
 @DIST
@@ -223,9 +246,11 @@ def build(names: tuple[str, ...], all_builds: bool, source: str | None, observat
 @_max_gpu_memory
 def campaign(source: str | None, observations: Path | None, dist: Path, keep_checkpoints: bool, baseline: str,
              resamples: int, allow_revision_mismatch: bool, max_gpu_memory: str | None) -> None:
-    """The whole campaign, resumable: each build of the sweep made, verified and evaluated as campaign.evals of
-    release.yaml lists, then the tables, the selection and the delivered builds' cards (DIST/campaign.json records
-    each step; rerun to resume after a stop)."""
+    """The whole campaign in one resumable command: build, verify and evaluate the sweep; tables, selection, cards.
+
+    Each build of the sweep is made, verified and evaluated as campaign.evals of release.yaml lists, then the tables,
+    the selection and the delivered builds' cards follow (DIST/campaign.json records each step; rerun to resume
+    after a stop)."""
     from release.core.memory import set_cap
     from release.pipeline.campaign import CampaignRequest, run_campaign
 
@@ -242,6 +267,7 @@ def campaign(source: str | None, observations: Path | None, dist: Path, keep_che
 
 
 @main.command()
+@BUILDS
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_builds", is_flag=True, help="Verify every build of the sweep that is in --dist.")
 @DIST
@@ -267,6 +293,7 @@ def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str 
 
 
 @main.command("eval")
+@BUILDS
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_builds", is_flag=True, help="Evaluate the sweep of builds/release.yaml (as build --all).")
 @click.option("--path", "path_", type=click.Choice(["fakequant", "deployed"]), default="fakequant", show_default=True)
@@ -303,6 +330,7 @@ def observations() -> None:
 
 
 @observations.command("import-lerobot")
+@BUILDS
 @click.argument("dataset", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Observation set to write.")
 @click.option("--per-lab", type=click.IntRange(1, 100_000), default=8, show_default=True,
@@ -324,6 +352,7 @@ def import_lerobot_(dataset: Path, out: Path, per_lab: int, labs: str | None, se
 
 
 @main.command("import-served")
+@BUILDS
 @click.argument("name")
 @click.argument("file", type=click.Path(path_type=Path, dir_okay=False))
 @DIST
@@ -339,6 +368,7 @@ def import_served_(name: str, file: Path, dist: Path, source: Path | None, obser
 
 
 @main.command()
+@BUILDS
 @click.argument("names", nargs=-1)
 @DIST
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Default: DIST/tables.")
@@ -355,6 +385,7 @@ def tables(names: tuple[str, ...], dist: Path, out: Path | None, baseline: str, 
 
 
 @main.command("select")
+@BUILDS
 @DIST
 def select_(dist: Path) -> None:
     """Apply the selection rule of builds/release.yaml to DIST/tables/tables.json; write DIST/selection.json."""
@@ -370,6 +401,7 @@ def select_(dist: Path) -> None:
 
 
 @main.command()
+@BUILDS
 @click.argument("names", nargs=-1)
 @DIST
 @click.option("--lang", default="en,ko", show_default=True, help="Comma-separated languages; the first is README.md.")
@@ -396,6 +428,7 @@ def card(names: tuple[str, ...], dist: Path, lang: str, check: bool, preview: Pa
 
 
 @main.command()
+@BUILDS
 @click.argument("names", nargs=-1)
 @click.option("--org", default=None, help="Hub organisation (default: builds/release.yaml).")
 @DIST
@@ -432,13 +465,16 @@ def push(names: tuple[str, ...], org: str | None, dist: Path, endpoint: str | No
 
 
 @main.command()
+@BUILDS
 @click.argument("names", nargs=-1)
 @DIST
 @click.option("--out", type=click.Path(path_type=Path, dir_okay=False), default=Path("release.lock.json"),
               show_default=True, help="The manifest to write (commit it: the pull-request preview plans it).")
 def manifest(names: tuple[str, ...], dist: Path, out: Path) -> None:
-    """Write the release manifest: every file of each sibling repo (sha256, size, storage) and the sidecars its
-    cards are made from, for 'release push --dry-run --from-manifest' without the weights."""
+    """Write the release manifest of every file of each sibling repo, for a dry run without the weights.
+
+    Each file's sha256, size and storage, and the sidecars the cards are made from: what 'release push --dry-run
+    --from-manifest' plans."""
     from release.publish.manifest import ManifestRequest, run_manifest
 
     lock = run_manifest(ManifestRequest.create(names, dist, out))

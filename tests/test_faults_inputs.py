@@ -253,12 +253,13 @@ def test_fixture_out_is_a_file(tmp_path: Path) -> None:
     assert file.read_text() == "keep me"
 
 
-def test_build_out_is_a_file(tiny: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("option", ["--dist", "--out"])  # --out: build's older name of --dist
+def test_build_dist_is_a_file(tiny: Path, tmp_path: Path, option: str) -> None:
     file = tmp_path / "dist"
     file.write_text("keep me")
     result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
-                    "--out", file)
-    refused(result, "--out", str(file), "not a folder")
+                    option, file)
+    refused(result, "--dist", str(file), "not a folder")
     assert file.read_text() == "keep me"
 
 

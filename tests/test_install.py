@@ -100,6 +100,14 @@ def test_build_files_are_found_in_order(tmp_path: Path, monkeypatch: pytest.Monk
     assert where == ROOT / "builds" and why.startswith("the defaults shipped with release")
     result = invoke("--builds", tmp_path / "nowhere", "select")
     assert result.exit_code == 2 and "--builds" in result.output and "no release.yaml there" in result.output
+    # after the command's name too, as hf and pip take their global options; given twice, the later one counts
+    result = invoke("select", "--dist", tmp_path / "dist", "--builds", tmp_path / "option")
+    assert result.exit_code == 2 and f"{release_yaml}: no 'selection' section" in result.output
+    result = invoke("--builds", tmp_path / "env", "select", "--builds", tmp_path / "option")
+    assert result.exit_code == 2 and f"{release_yaml}: no 'selection' section" in result.output
+    result = invoke("select", "--builds", tmp_path / "nowhere")
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"error: --builds {tmp_path / 'nowhere'}: no release.yaml there; ")
 
 
 def test_a_builds_variable_without_build_files_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -114,6 +122,36 @@ def test_a_builds_variable_without_build_files_is_named(tmp_path: Path, monkeypa
 def test_dash_h_is_help_as_in_hf_and_pip(args: list[str]) -> None:
     result = invoke(*args)
     assert result.exit_code == 0 and result.output.startswith("Usage: "), result.output
+
+
+def test_the_command_list_gives_each_first_sentence_whole() -> None:
+    """click cuts a command's short help at the terminal's width with '...'; the list wraps it instead."""
+    from release.cli import main
+
+    listing = " ".join(invoke("-h").output.split("Commands:")[1].split("Environment:")[0].split())
+    assert "..." not in listing
+    for name, command in main.commands.items():
+        first = " ".join(command.help.split(".")[0].split())  # type: ignore[union-attr]
+        assert f"{name} {first}." in listing, (name, listing)
+
+
+def test_fixture_counts_and_build_dist_are_named_as_elsewhere(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fixture --calibration N --heldout N`` are counts (``--observations`` is a folder everywhere else); the
+    release folder is ``--dist`` for every command, ``build`` included (``--out``: its older name)."""
+    import release.inputs.fixture
+
+    asked: dict[str, object] = {}
+
+    def write_fixture(out: Path, **kwargs: object) -> dict[str, object]:
+        asked.update(kwargs)
+        return {"source": out / "source", "observations": out / "observations", "revision": "0" * 40}
+
+    monkeypatch.setattr(release.inputs.fixture, "write_fixture", write_fixture)
+    result = invoke("fixture", "tiny", "--out", tmp_path / "fx", "--calibration", "3", "--heldout", "2")
+    assert result.exit_code == 0 and asked == {"size": "tiny", "seed": 0, "n_obs": 3, "heldout": 2}, result.output
+    assert invoke("fixture", "tiny", "--out", tmp_path / "fx", "--observations", "3").exit_code == 2
+    assert "--dist" in invoke("build", "-h").output
 
 
 def test_init_writes_a_starter_and_keeps_an_existing_one(tmp_path: Path) -> None:

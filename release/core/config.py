@@ -452,6 +452,9 @@ def builds_source() -> tuple[Path, str]:
     from release.core.io import data_path
 
     if BUILDS_OPTION:
+        if not (BUILDS_OPTION[-1] / "release.yaml").is_file():
+            raise ReleaseError(f"--builds {BUILDS_OPTION[-1]}: no release.yaml there; pass the folder that holds the "
+                               "build files (after 'release init DIR' that is DIR/builds)")
         return BUILDS_OPTION[-1], "--builds"
     if os.environ.get(BUILDS_ENV):
         folder = Path(os.environ[BUILDS_ENV])

@@ -70,7 +70,7 @@ class BuildRequest:
                 f"observation set {observations} not found; pass --observations DIR or set {OBSERVATIONS_ENV}"
             )
         cache = cache_dir()
-        return cls(release, builds, src, observations, output_folder(out), cache, identity)
+        return cls(release, builds, src, observations, output_folder(out, "--dist"), cache, identity)
 
 
 def progress() -> Progress:
