@@ -8,6 +8,9 @@
 #   4. `release eval rtn --path deployed --split validation` with RELEASE_PROFILE (rollout latency and memory,
 #      also kept in results/deployed-validation.perf.json);
 #   5. one BF16 and one deployed rollout under torch.profiler (bench/gpu_rollout_profile.py): where the time goes;
+#   5b. graphs: BF16 and deployed FP8 rollouts eager vs with the decoder stack in CUDA graphs (bench/gpu_graphs.py:
+#      latency, peak memory, differing action elements), then tests/test_graphs.py on the tiny fixture when pytest
+#      is there (-o addopts="": the machine lacks pytest-socket);
 #   6. capped-build, capped-eval: the same build, and the evals of it (deployed, fakequant), with --max-gpu-memory
 #      $CAP (default 22GiB) on a GPU limited to $GPU_GIB (default 24) GiB by bench/gpu_capped.py, with their own
 #      cache (capture and rollouts anew), compared byte for byte with the uncapped run's (after build, and eval;
@@ -23,10 +26,11 @@
 # Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]
 #   WORK outside the checkout (e.g. /root/w) or ignored by git: the device tool replaces a checkout's untracked files
 #   at each call, and a sweep that spans calls loses its source and builds with them
-#   steps: setup floor build eval profile capped-build capped-eval gptq probe extensions init sweep-start sweep-wait
+#   steps: setup floor build eval profile graphs capped-build capped-eval gptq probe extensions init sweep-start
+#   sweep-wait
 #   (default: the first five)
 #   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from init), FIXTURE_ARGS, CAP, GPU_GIB, WAIT, STOP,
-#   CALLS, ALGO_CALLS, SWEEP
+#   CALLS, ALGO_CALLS, SWEEP, GRAPH_ROLLOUTS (default 16)
 set -euo pipefail
 wheels=$(realpath "$1") work=$(realpath -m "$2") out=$(realpath -m "$3")
 shift 3
@@ -76,6 +80,13 @@ for step in $steps; do
     profile)
       timed "rollout profile" bash -c "venv/bin/python '$here/gpu_rollout_profile.py' fx/source fx/observations \
         dist/Cosmos3-Nano-Policy-DROID-FP8 >'$out/rollout_profile.txt'" ;;
+    graphs)
+      timed "rollouts eager vs CUDA graphs" bash -c "venv/bin/python '$here/gpu_graphs.py' fx/source fx/observations \
+        dist/Cosmos3-Nano-Policy-DROID-FP8 '$out/graphs.json' ${GRAPH_ROLLOUTS:-16} >'$out/graphs.md'"
+      if venv/bin/python -c 'import pytest' 2>/dev/null; then
+        timed "tests/test_graphs.py (tiny fixture)" bash -c "cd '$here/..' && '$work/venv/bin/python' -m pytest -q \
+          -o addopts='' tests/test_graphs.py >'$out/test_graphs.txt' 2>&1"
+      fi ;;
     capped-build)
       # the disk holds the source and two builds (64 GiB on the GPU machine): the uncapped capture goes, the
       # capped run captures anew into its own cache anyway

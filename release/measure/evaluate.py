@@ -34,7 +34,7 @@ from release.quantize.load import deployed_transformer, fakequant_transformer
 
 Path_ = Literal["fakequant", "deployed", "served"]
 Split = Literal["calibration", "validation", "all"]
-HOW = ".how.json"  # beside a cached rollout: the machine, versions, FP8 GEMM kernel and GEMM shapes it ran with
+HOW = ".how.json"  # beside a cached rollout: the machine, versions, FP8 GEMM kernel, GEMM shapes, CUDA graphs or not
 SERVED = "policy-server"  # the kernel of imported results: the server's, not recorded here
 SEEDS_YARDSTICK = (4, 4)  # observations x seeds
 EMULATION = "fp8-gemm-emulation/5"  # fp32 input quotient; Hopper's fast-accumulation arithmetic (zero codes); row-wise
@@ -123,7 +123,7 @@ def _rollout_paths(request: EvalRequest, label: str, observations: list[Observat
     from release.core.device import compute_device
     from release.inputs.policy import settings_digest
 
-    device = compute_device()  # CPU and GPU rollouts differ: cache them apart
+    device = compute_device()  # CPU and GPU rollouts differ: cache them apart (CUDA graphs or not, the same bits)
     folder = request.cache / "rollouts" / _key(label, device, source_revision(request.source),
                                                observation_set_digest(request.observations),
                                                settings_digest(request.release.policy))
@@ -134,11 +134,14 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
              observations: list[Observation], seeds: list[int], pipe_kwargs: dict[str, Any]) -> np.ndarray:
     """[N, chunk, dims] actions, one rollout per (observation, seed); cached per item so a run resumes. Under
     torchrun each rank rolls out its share of the missing items, then every rank reads them all. On a GPU each
-    rollout's latency and peak memory are kept beside its actions (``performance`` reads them)."""
+    rollout's latency and peak memory are kept beside its actions (``performance`` reads them). The BF16 source and
+    a deployed build with ModelOpt's FP8 GEMM run their decoder stacks as CUDA graphs on a GPU
+    (``release.inputs.graphs``), each rollout's record saying whether it did."""
     from rich.progress import Progress
 
     from release.core.device import free_memory
     from release.core.distributed import world
+    from release.inputs.graphs import capturable, graph_decoder_stack
     from release.inputs.policy import load_pipeline, rollout
 
     paths = _rollout_paths(request, label, observations, seeds)
@@ -147,7 +150,11 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
     todo = world().share([i for i, p in enumerate(paths) if not (p.is_file() and p.with_suffix(HOW).is_file())])
     if todo:
         with stage("eval: load the policy"):
-            pipe = load_pipeline(request.source, request.release.policy, transformer=make_transformer())
+            model = make_transformer()
+            pipe = load_pipeline(request.source, request.release.policy, transformer=model)
+        if model is None:
+            capturable(pipe.transformer)  # the BF16 source; a deployed build's maker marks its own
+        graphed = graph_decoder_stack(pipe.transformer) is not None
         gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
         with Progress(transient=True) as progress:
             task = progress.add_task(f"{world().tag}rollouts: {shown(label)}", total=len(todo))
@@ -159,7 +166,7 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
                     actions = rollout(pipe, observations[i], settings, **pipe_kwargs)
                 write_json(paths[i].with_suffix(HOW), {
                     **machine(), "kernel": None if gemms is None else gemms.kernel,
-                    "gemm_shapes": [] if gemms is None else sorted(gemms.shapes)})
+                    "gemm_shapes": [] if gemms is None else sorted(gemms.shapes), "graphs": graphed})
                 if measure.peak_bytes is not None:  # before the actions: cached actions on a GPU have their figures
                     write_json(paths[i].with_suffix(PERF), {"seconds": measure.seconds, "peak_bytes":
                                                             measure.peak_bytes, "device": device_name()})

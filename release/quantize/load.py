@@ -25,6 +25,7 @@ from release.core.device import compute_device
 from release.core.errors import ReleaseError
 from release.core.io import read_json
 from release.core.memory import keep_whole
+from release.inputs.graphs import capturable
 from release.quantize.export import SERVING_ONLY
 from release.quantize.recipes import per_channel, quant_config, quantized_linears
 
@@ -91,7 +92,8 @@ def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.
     ModelOpt's FP8 GEMM on CUDA (``torch._scaled_mm`` with fast accumulation), per-channel builds a row-wise
     ``torch._scaled_mm`` with per-token input scales; or that arithmetic emulated exactly (``release.core.fp8``), by
     default where models run on the CPU (on a GPU, to show the two equal). The model's ``gemm_record`` names the
-    kernel and collects the GEMM shapes that run."""
+    kernel and collects the GEMM shapes that run. ModelOpt's kernel is marked ``capturable`` (CUDA graphs in
+    ``release eval``); the row-wise Linear and the emulation are not."""
     model = load_build_transformer(folder)
     if emulate is None:
         emulate = compute_device() != "cuda"
@@ -110,6 +112,8 @@ def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.
     if not (emulate or rowwise):
         # ModelOpt 0.47 never imports its FP8 GEMM backend; importing it registers the kernel before the first call.
         import modelopt.torch.quantization.backends.fp8_per_tensor_gemm  # noqa: F401
+        # its first call caches the scales; later calls neither wait for the device nor copy from the host
+        capturable(model)
     return model
 
 
