@@ -337,10 +337,12 @@ def observations() -> None:
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Observation set to write.")
 @click.option("--per-lab", type=click.IntRange(1, 100_000), default=8, show_default=True,
               help="Frames drawn from each lab.")
-@click.option("--labs", default=None, help="Comma-separated labs (the dataset's 'building'); default: the "
+@click.option("--labs", default=None, help="Comma-separated labs (values of --lab-field); default: the "
               "calibration_labs and heldout_labs of release.yaml.")
+@click.option("--lab-field", default="building", show_default=True, metavar="NAME",
+              help="The per-frame or per-episode column that names the lab (DROID's is 'building').")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the frame draw.")
-def import_lerobot_(dataset: Path, out: Path, per_lab: int, labs: str | None, seed: int) -> None:
+def import_lerobot_(dataset: Path, out: Path, per_lab: int, labs: str | None, lab_field: str, seed: int) -> None:
     """Sample DROID frames of a local LeRobot dataset (codebase v2.1 or v3.0) into an observation set, with
     action_stats.json from the dataset's statistics."""
     from release.core.builds import load_release
@@ -349,7 +351,7 @@ def import_lerobot_(dataset: Path, out: Path, per_lab: int, labs: str | None, se
     release = load_release()
     chosen = [lab.strip() for lab in labs.split(",") if lab.strip()] if labs else \
         [*release.calibration_labs, *release.heldout_labs]
-    written = import_lerobot(dataset, out, chosen, per_lab, seed)
+    written = import_lerobot(dataset, out, chosen, per_lab, seed, lab_field)
     click.echo(f"observations: {written} ({per_lab} frames from each of {len(chosen)} labs)")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,21 +56,40 @@ def _encode(path: Path, frames: list[tuple[int, int, int]]) -> None:
             container.mux(packet)
 
 
-def _features() -> dict[str, Any]:
+@dataclass(frozen=True)
+class Shape:
+    """Which fields a test dataset has: DROID's (the default) or only LeRobot's standard ones."""
+
+    droid_text: bool = True  # language_instruction, _2 (else the instruction is only the task)
+    tasks: bool = True  # task_index and meta/tasks (as lerobot writes them: the episode's instruction)
+    lab: str | None = "building"  # the lab column, or none
+    lab_per_episode: bool = False  # the lab in the episode table rather than in every frame
+
+
+DROID = Shape()
+TASKS = list(dict.fromkeys(text for _, _, text in EPISODES))
+
+
+def _features(shape: Shape) -> dict[str, Any]:
     cameras = {key: {"dtype": "video", "shape": [HEIGHT, WIDTH, 3], "names": ["height", "width", "channels"]}
                for key in CAMERA_KEYS}
+    text = {"dtype": "string", "shape": [1]}
     return {**cameras, "observation.state": {"dtype": "float32", "shape": [8]},
-            "action": {"dtype": "float32", "shape": [8]}, "building": {"dtype": "string", "shape": [1]},
-            "language_instruction": {"dtype": "string", "shape": [1]},
-            "language_instruction_2": {"dtype": "string", "shape": [1]}}
+            "action": {"dtype": "float32", "shape": [8]},
+            **({shape.lab: text} if shape.lab and not shape.lab_per_episode else {}),
+            **({"language_instruction": text, "language_instruction_2": text} if shape.droid_text else {})}
 
 
-def _frames(episode: int, lab: str, n: int, text: str, start: int) -> Any:
-    return pd.DataFrame({
+def _frames(episode: int, lab: str, n: int, text: str, start: int, shape: Shape) -> Any:
+    table = pd.DataFrame({
         "index": range(start, start + n), "episode_index": episode, "frame_index": range(n),
-        "timestamp": np.arange(n, dtype=np.float32) / FPS, "task_index": 0,
+        "timestamp": np.arange(n, dtype=np.float32) / FPS, "task_index": TASKS.index(text),
         "observation.state": [state(episode, f) for f in range(n)], "action": [action(episode, f) for f in range(n)],
-        "building": lab, "language_instruction": text, "language_instruction_2": ""})
+        "language_instruction": text, "language_instruction_2": ""})
+    if shape.lab and not shape.lab_per_episode:
+        table[shape.lab] = lab
+    dropped = [] if shape.droid_text else ["language_instruction", "language_instruction_2"]
+    return table.drop(columns=dropped + ([] if shape.tasks else ["task_index"]))
 
 
 def _stats(values: np.ndarray) -> dict[str, Any]:
@@ -77,32 +97,35 @@ def _stats(values: np.ndarray) -> dict[str, Any]:
             "max": values.max(0).tolist(), "count": [len(values)]}
 
 
-def write_dataset(root: Path, version: str) -> Path:
-    """A LeRobot dataset of DROID's features, laid out as lerobot writes ``version``."""
+def write_dataset(root: Path, version: str, shape: Shape = DROID) -> Path:
+    """A LeRobot dataset of DROID's features (or of ``shape``), laid out as lerobot writes ``version``."""
     info: dict[str, Any] = {"codebase_version": version, "robot_type": "Franka", "fps": FPS, "chunks_size": 1000,
-                            "total_episodes": len(EPISODES), "features": _features()}
+                            "total_episodes": len(EPISODES), "features": _features(shape)}
     tables, start = [], 0
     for e, (lab, n, text) in enumerate(EPISODES):
-        tables.append(_frames(e, lab, n, text, start))
+        tables.append(_frames(e, lab, n, text, start, shape))
         start += n
     cams = list(CAMERA_KEYS)
     if version == "v2.1":
         info["data_path"] = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
         info["video_path"] = "videos/chunk-{episode_chunk:03d}/{video_key}/episode_{episode_index:06d}.mp4"
         episodes, stats = [], []
-        for e, (table, (_, n, text)) in enumerate(zip(tables, EPISODES, strict=True)):
+        for e, (table, (lab, n, text)) in enumerate(zip(tables, EPISODES, strict=True)):
             path = root / info["data_path"].format(episode_chunk=0, episode_index=e)
             path.parent.mkdir(parents=True, exist_ok=True)
             table.to_parquet(path)
             for c, key in enumerate(cams):
                 _encode(root / info["video_path"].format(episode_chunk=0, video_key=key, episode_index=e),
                         [pixel(e, f, c) for f in range(n)])
-            episodes.append({"episode_index": e, "tasks": [text], "length": n})
+            episodes.append({"episode_index": e, "tasks": [text], "length": n,
+                             **({shape.lab: lab} if shape.lab and shape.lab_per_episode else {})})
             stats.append({"episode_index": e, "stats": {"action": _stats(np.array(table["action"].tolist()))}})
         (root / "meta").mkdir(parents=True, exist_ok=True)
         (root / "meta/episodes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in episodes))
         (root / "meta/episodes_stats.jsonl").write_text("".join(json.dumps(x) + "\n" for x in stats))
-        (root / "meta/tasks.jsonl").write_text(json.dumps({"task_index": 0, "task": "droid"}) + "\n")
+        if shape.tasks:
+            (root / "meta/tasks.jsonl").write_text("".join(json.dumps({"task_index": i, "task": t}) + "\n"
+                                                           for i, t in enumerate(TASKS)))
     else:
         info["data_path"] = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
         info["video_path"] = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
@@ -114,9 +137,10 @@ def write_dataset(root: Path, version: str) -> Path:
             _encode(root / info["video_path"].format(video_key=key, chunk_index=0, file_index=0),
                     [pixel(e, f, c) for e, (_, n, _) in enumerate(EPISODES) for f in range(n)])
         rows, begin = [], 0
-        for e, (_, n, text) in enumerate(EPISODES):
+        for e, (lab, n, text) in enumerate(EPISODES):
             row: dict[str, Any] = {"episode_index": e, "tasks": [text], "length": n, "data/chunk_index": 0,
-                                   "data/file_index": 0, "dataset_from_index": begin, "dataset_to_index": begin + n}
+                                   "data/file_index": 0, "dataset_from_index": begin, "dataset_to_index": begin + n,
+                                   **({shape.lab: lab} if shape.lab and shape.lab_per_episode else {})}
             for key in cams:
                 row |= {f"videos/{key}/chunk_index": 0, f"videos/{key}/file_index": 0,
                         f"videos/{key}/from_timestamp": begin / FPS, f"videos/{key}/to_timestamp": (begin + n) / FPS}
@@ -124,8 +148,8 @@ def write_dataset(root: Path, version: str) -> Path:
             begin += n
         (root / "meta/episodes/chunk-000").mkdir(parents=True)
         pd.DataFrame(rows).to_parquet(root / "meta/episodes/chunk-000/file-000.parquet")
-        tasks = pd.DataFrame({"task_index": [0]}, index=pd.Index(["droid"], name="task"))
-        tasks.to_parquet(root / "meta/tasks.parquet")
+        if shape.tasks:  # as lerobot's LeRobotDatasetMetadata.save_episode_tasks: indexed by the task string
+            pd.DataFrame({"task_index": range(len(TASKS))}, index=TASKS).to_parquet(root / "meta/tasks.parquet")
         (root / "meta/stats.json").write_text(json.dumps({"action": _stats(np.array(data["action"].tolist()))}))
     (root / "meta").mkdir(parents=True, exist_ok=True)
     (root / "meta/info.json").write_text(json.dumps(info, indent=2))
@@ -152,6 +176,7 @@ def test_import_gives_exact_frames_states_and_stats(dataset: Path, tmp_path: Pat
     index = json.loads((out / "index.json").read_text())
     version = json.loads((dataset / "meta/info.json").read_text())["codebase_version"]
     assert index["image_size"] == [WIDTH, HEIGHT] and index["source"]["codebase_version"] == version
+    assert index["source"]["instruction_field"] == "language_instruction" and index["source"]["lab_field"] == "building"
     for o in obs:
         name, episode, frame = o.episode_id.split("/")
         e, f = int(episode), int(frame)

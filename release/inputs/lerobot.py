@@ -15,6 +15,12 @@ DROID as lerobot ports it (``examples/port_datasets/port_droid.py``; ``lerobot/d
 (7 joint positions in rad and the gripper in [0, 1]), ``action`` (the next joint positions and gripper: what the
 policy predicts), ``language_instruction`` (``_2``, ``_3``) and ``building``, the lab that recorded the episode.
 
+Other LeRobot datasets of those cameras and state may lack DROID's two fields: the instruction then comes from LeRobot's
+standard task (a per-frame ``task``, or the frame's ``task_index`` in ``meta/tasks.jsonl`` (v2.1: one
+``{"task_index": i, "task": "..."}`` a line) or ``meta/tasks.parquet`` (v3.0: indexed by the task string, with a
+``task_index`` column), as lerobot writes them), and ``--lab-field`` names the per-frame or per-episode column that
+says which lab recorded an episode.
+
 The dependency: pyarrow (through pandas) for the tables and PyAV for the videos, the libraries lerobot itself reads
 them with. lerobot was not taken: it pins torch below 2.12 and reads only v3.0 since 0.4 (v2.1 needs 0.3.3, which
 pulls in diffusers, wandb and rerun); neither was the standalone ``lerobot-dataset`` (Python 3.12+, torchvision,
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +52,10 @@ CAMERA_KEYS = {"observation.images.exterior_1_left": "exterior_image_1_left",
                "observation.images.wrist_left": "wrist_image_left"}
 STATE, ACTION, LAB = "observation.state", "action", "building"
 INSTRUCTIONS = ("language_instruction", "language_instruction_2", "language_instruction_3")
+TASK, TASK_INDEX = "task", "task_index"
+TASKS = {"v2.1": "meta/tasks.jsonl", "v3.0": "meta/tasks.parquet"}
+LOOKED_FOR = ("language_instruction (_2, _3), task, or task_index with meta/tasks.jsonl (v2.1) or meta/tasks.parquet "
+              "(v3.0)")
 EXTRA = "lerobot"
 
 
@@ -112,9 +123,8 @@ def open_dataset(root: Path) -> Dataset:
         if features[key].get("dtype") != "video":
             raise ReleaseError(f"{info_path}: camera {key!r} is stored as {features[key].get('dtype')!r}; this tool "
                                "reads video cameras")
-    for key in (STATE, LAB):
-        if key not in features:
-            raise ReleaseError(f"{info_path}: feature {key!r} is missing; a DROID port has it")
+    if STATE not in features:
+        raise ReleaseError(f"{info_path}: feature {STATE!r} is missing; a DROID port has it")
     if list(features[STATE].get("shape", [])) != [8]:
         raise ReleaseError(f"{info_path}: feature {STATE!r} has shape {features[STATE].get('shape')}; DROID's is [8] "
                            "(7 joint positions and the gripper)")
@@ -150,39 +160,135 @@ def _data_files(ds: Dataset) -> list[Path]:
     return paths
 
 
-def frames(ds: Dataset) -> Any:
+@dataclass(frozen=True)
+class Frames:
+    """Every frame's ``episode_index``, ``frame_index``, ``timestamp``, state, ``lab`` and ``instruction``, with the
+    fields that gave the labs and instructions (``index.json`` records them)."""
+
+    table: Any  # pandas DataFrame, sorted by episode and frame
+    lab_field: str
+    instruction_field: str
+
+
+def _lab_level(ds: Dataset, field: str) -> str:
+    """Where the lab column ``field`` is: ``frame`` (a feature of ``meta/info.json``) or ``episode`` (a column of the
+    episode table); else an error that lists the string columns that could name labs instead."""
+    features = ds.info.get("features", {})
+    if field in features:
+        return "frame"
+    if field in ds.episodes.columns:
+        return "episode"
+    texts = (*INSTRUCTIONS, TASK)
+    per_frame = [k for k, v in features.items() if isinstance(v, dict) and v.get("dtype") == "string"
+                 and k not in texts]
+    per_episode = [c for c in ds.episodes.columns if c not in texts
+                   and ds.episodes[c].map(lambda v: isinstance(v, str)).all()]
+    where = f"{ds.root / 'meta' / 'info.json'}: lab field {field!r} is neither a feature nor an episode column"
+    if not per_frame and not per_episode:
+        raise ReleaseError(f"{where}, and the dataset has no lab column at all (no other string column per frame or "
+                           "per episode); the frames are drawn per lab: add a column that names each episode's lab "
+                           "and pass it as --lab-field")
+    raise ReleaseError(f"{where}; pass --lab-field with the column that names each episode's lab (string columns "
+                       f"per frame: {', '.join(per_frame) or 'none'}; per episode: {', '.join(per_episode) or 'none'})")
+
+
+def _tasks(ds: Dataset) -> dict[int, str]:
+    """LeRobot's task table, ``task_index`` to task, from ``meta/tasks.jsonl`` (v2.1) or ``meta/tasks.parquet``
+    (v3.0, which lerobot writes indexed by the task string with a ``task_index`` column)."""
+    path = ds.root / TASKS[ds.version]
+    if not path.is_file():
+        raise ReleaseError(f"{path}: missing; the frames' task_index refers to it")
+    if ds.version == "v2.1":
+        rows = _jsonl(path)
+        if not all(isinstance(r, dict) and isinstance(r.get(TASK_INDEX), int) and isinstance(r.get(TASK), str)
+                   for r in rows):
+            raise ReleaseError(f"{path}: a line without an integer 'task_index' and a string 'task'; lerobot writes "
+                               '{"task_index": i, "task": "..."} on each line')
+        return {r[TASK_INDEX]: r[TASK] for r in rows}
+    pq, _ = _modules()
+    table = pq.read_table(path).to_pandas()
+    texts = table[TASK] if TASK in table.columns else table.index
+    if TASK_INDEX not in table.columns or not all(isinstance(t, str) for t in texts):
+        raise ReleaseError(f"{path}: not a task table (lerobot indexes it by the task string, with a 'task_index' "
+                           f"column; columns here: {', '.join(map(str, table.columns)) or 'none'})")
+    return {int(i): str(t) for i, t in zip(table[TASK_INDEX], texts, strict=True)}
+
+
+def _candidates(ds: Dataset, table: Any) -> Iterator[tuple[str, Any]]:
+    """The instruction fields the frames have, in order of preference, each with every frame's text: DROID's
+    ``language_instruction`` (the first non-empty of it, ``_2``, ``_3``), a per-frame ``task``, then the frame's
+    ``task_index`` in the task table (read only if reached)."""
+    texts = [table[c].fillna("").astype(str).str.strip() for c in INSTRUCTIONS if c in table]
+    if texts:
+        instruction = texts[-1]
+        for text in reversed(texts[:-1]):
+            instruction = text.where(text != "", instruction)
+        yield INSTRUCTIONS[0], instruction
+    if TASK in table:
+        yield TASK, table[TASK].fillna("").astype(str).str.strip()
+    if TASK_INDEX in table:
+        tasks = _tasks(ds)
+        unknown = table.loc[~table[TASK_INDEX].isin(list(tasks))]
+        if len(unknown):
+            first = unknown.iloc[0]
+            raise ReleaseError(f"{ds.root / TASKS[ds.version]}: no task {int(first[TASK_INDEX])}; episode "
+                               f"{int(first['episode_index'])} has frames with that task_index")
+        yield f"{TASK_INDEX}: {TASKS[ds.version]}", table[TASK_INDEX].map(tasks).astype(str).str.strip()
+
+
+def _instructions(ds: Dataset, table: Any, data: Path) -> tuple[Any, str]:
+    """Each frame's instruction and the field that gave it: the first field of :func:`_candidates` with any text.
+    One field serves the whole dataset (not a fallback frame by frame) so that ``index.json`` can name it, and a
+    DROID episode whose ``language_instruction`` is empty stays without one."""
+    empty = []
+    for field, texts in _candidates(ds, table):
+        if (texts != "").any():
+            return texts, field
+        empty.append(field)
+    blank = f"; empty in every frame: {', '.join(empty)}" if empty else ""
+    raise ReleaseError(f"{data}: no instruction field (looked for {LOOKED_FOR}{blank}); the policy needs each "
+                       "frame's instruction")
+
+
+def frames(ds: Dataset, lab_field: str = LAB) -> Frames:
     """Every frame's episode, index, timestamp, lab, instruction and state (only those columns are read)."""
     import pandas as pd
 
     pq, _ = _modules()
-    wanted = ["episode_index", "frame_index", "timestamp", LAB, STATE, *INSTRUCTIONS]
-    parts = []
-    for path in _data_files(ds):
+    level = _lab_level(ds, lab_field)
+    required = ["episode_index", "frame_index", "timestamp", STATE, *([lab_field] if level == "frame" else [])]
+    wanted = list(dict.fromkeys([*required, *INSTRUCTIONS, TASK, TASK_INDEX]))
+    paths, parts = _data_files(ds), []
+    for path in paths:
         schema = pq.read_schema(path)
-        missing = [c for c in ("episode_index", "frame_index", "timestamp", LAB, STATE) if c not in schema.names]
+        missing = [c for c in required if c not in schema.names]
         if missing:
             raise ReleaseError(f"{path}: column {missing[0]!r} is missing")
         parts.append(pq.read_table(path, columns=[c for c in wanted if c in schema.names]).to_pandas())
     table = pd.concat(parts, ignore_index=True)
-    texts = [table[c].fillna("").astype(str).str.strip() for c in INSTRUCTIONS if c in table]
-    table["instruction"] = ""
-    for text in reversed(texts):  # the first non-empty of language_instruction, _2, _3
-        table["instruction"] = text.where(text != "", table["instruction"])
-    table["lab"] = table[LAB].fillna("").astype(str).str.strip()
-    return table.sort_values(["episode_index", "frame_index"]).reset_index(drop=True)
+    table["instruction"], instruction_field = _instructions(ds, table, paths[0])
+    labs = table[lab_field] if level == "frame" else \
+        table["episode_index"].map(dict(zip(ds.episodes["episode_index"], ds.episodes[lab_field], strict=True)))
+    table["lab"] = labs.fillna("").astype(str).str.strip()
+    return Frames(table.sort_values(["episode_index", "frame_index"]).reset_index(drop=True), lab_field,
+                  instruction_field)
 
 
-def sample(table: Any, labs: list[str], per_lab: int, seed: int) -> Any:
+def sample(data: Frames, labs: list[str], per_lab: int, seed: int) -> Any:
     """``per_lab`` frames of each lab, drawn without replacement by a generator seeded with ``seed``, from the frames
     of episodes that have an instruction; the same inputs give the same frames."""
+    table = data.table
     present = sorted(set(table["lab"]) - {""})
     rng = np.random.default_rng(seed)
     picks = []
     for lab in labs:
         if lab not in present:
-            raise ReleaseError(f"lab {lab!r} is not in the dataset (its labs, field {LAB!r}: {', '.join(present)}); "
-                               "pass --labs with labs it has")
+            raise ReleaseError(f"lab {lab!r} is not in the dataset (its labs, field {data.lab_field!r}: "
+                               f"{', '.join(present) or 'none'}); pass --labs with labs it has")
         rows = table.index[(table["lab"] == lab) & (table["instruction"] != "")].to_numpy()
+        if not len(rows):
+            raise ReleaseError(f"lab {lab!r} has no frames with an instruction: field {data.instruction_field!r} "
+                               "is empty in all of them; pass --labs without it")
         if len(rows) < per_lab:
             raise ReleaseError(f"lab {lab!r} has {len(rows)} frames with an instruction, fewer than --per-lab "
                                f"{per_lab}; ask for fewer")
@@ -261,16 +367,19 @@ def hub_id(dataset: Path) -> str | None:
     return None
 
 
-def import_lerobot(dataset: Path, out: Path, labs: list[str], per_lab: int, seed: int) -> Path:
-    """Write an observation set (``release-droid-obs/1``) of ``per_lab`` frames of each of ``labs`` to ``out``,
-    with ``action_stats.json`` from the dataset's statistics; nothing is written if any part fails."""
+def import_lerobot(dataset: Path, out: Path, labs: list[str], per_lab: int, seed: int,
+                   lab_field: str = LAB) -> Path:
+    """Write an observation set (``release-droid-obs/1``) of ``per_lab`` frames of each of ``labs`` (values of the
+    column ``lab_field``) to ``out``, with ``action_stats.json`` from the dataset's statistics; nothing is written if
+    any part fails."""
     from PIL import Image
 
     ds = open_dataset(dataset)
     sigma, stats_source = action_stats(ds)
     if len(sigma) != 8 or not all(math.isfinite(s) and s > 0 for s in sigma):
         raise ReleaseError(f"{dataset}: the '{ACTION}' std is {sigma}; the metrics need 8 positive numbers")
-    chosen = sample(frames(ds), labs, per_lab, seed)
+    data = frames(ds, lab_field)
+    chosen = sample(data, labs, per_lab, seed)
     lines, size = [], None
     with atomic_dir(output_folder(out)) as tmp:
         (tmp / "images").mkdir()
@@ -297,6 +406,7 @@ def import_lerobot(dataset: Path, out: Path, labs: list[str], per_lab: int, seed
             "format": FORMAT, "count": len(lines), "cameras": CAMERAS, "seed": seed, "image_size": list(size or ()),
             "source": {"dataset": dataset.name, "repo_id": hub_id(dataset), "codebase_version": ds.version,
                        "fps": ds.fps, "per_lab": per_lab,
-                       "labs": labs, "cameras": CAMERA_KEYS, "state": STATE, "lab_field": LAB,
+                       "labs": labs, "cameras": CAMERA_KEYS, "state": STATE, "lab_field": lab_field,
+                       "instruction_field": data.instruction_field,
                        "action_stats": stats_source}})
     return out
