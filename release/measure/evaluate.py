@@ -26,6 +26,7 @@ from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, read_json, write_json
+from release.core.output import progress
 from release.core.profile import device_name, stage
 from release.inputs.observations import Observation, action_sigma, load_observations, observation_set_digest
 from release.inputs.source import recalled_inputs, resolve_source, source_revision
@@ -135,8 +136,6 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
     """[N, chunk, dims] actions, one rollout per (observation, seed); cached per item so a run resumes. Under
     torchrun each rank rolls out its share of the missing items, then every rank reads them all. On a GPU each
     rollout's latency and peak memory are kept beside its actions (``performance`` reads them)."""
-    from rich.progress import Progress
-
     from release.core.device import free_memory
     from release.core.distributed import world
     from release.inputs.policy import load_pipeline, rollout
@@ -149,8 +148,8 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
         with stage("eval: load the policy"):
             pipe = load_pipeline(request.source, request.release.policy, transformer=make_transformer())
         gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
-        with Progress(transient=True) as progress:
-            task = progress.add_task(f"{world().tag}rollouts: {shown(label)}", total=len(todo))
+        with progress(transient=True) as bars:
+            task = bars.add_task(f"{world().tag}rollouts: {shown(label)}", total=len(todo))
             for i in todo:
                 settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
                 if gemms is not None:
@@ -165,7 +164,7 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
                                                             measure.peak_bytes, "device": device_name()})
                 np.save(paths[i].with_suffix(".tmp.npy"), actions)
                 paths[i].with_suffix(".tmp.npy").replace(paths[i])
-                progress.advance(task)
+                bars.advance(task)
         del pipe
         free_memory()  # before the next path's model is placed
     world().barrier()
