@@ -27,8 +27,35 @@ def _terminate(signum: int, frame: Any) -> None:
     raise _Terminated
 
 
-class _Group(click.Group):
+def _quiet(ctx: click.Context, param: click.Parameter, quiet: bool) -> None:
+    """``release -q`` sets quiet mode for the command it runs (and clears it: one process may run several); a
+    command's own ``-q`` turns it on."""
+    from release.core.output import set_quiet
+
+    if quiet or ctx.parent is None:
+        set_quiet(quiet)
+
+
+class _Command(click.Command):
+    """``release`` and each of its commands take ``-q``, as pip takes ``pip -q install`` and ``pip install -q``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.append(click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_quiet,
+                                        help="No progress bars or informational lines on stderr; the result, "
+                                        "warnings and errors stay."))
+
+
+class _Commands(click.Group):
+    """A group of ``release`` commands (``release observations``)."""
+
+    command_class = _Command
+
+
+class _Group(_Command, _Commands):
     """Turns every error into one line on stderr; tracebacks only with ``RELEASE_DEBUG=1``."""
+
+    group_class = _Commands
 
     def invoke(self, ctx: click.Context) -> Any:
         from release.core import profile
@@ -67,9 +94,10 @@ class _Group(click.Group):
                 signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
         if ctx.invoked_subcommand in USES_BUILDS and world().main:  # after the work: an error stays one line
             from release.core.config import builds_source
+            from release.core.output import info
 
             where, why = builds_source()
-            click.echo(f"build files: {where} ({why})", err=True)
+            info(f"build files: {where} ({why})")
         return result
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -126,6 +154,8 @@ SOURCE = click.option("--source", default=None, help="BF16 checkpoint: a folder,
 ALLOW_REVISION_MISMATCH = click.option("--allow-revision-mismatch", is_flag=True, help="Build from a source whose Hub "
                                        "commit is not the base_revision of release.yaml (provenance and cards say so).")
 BASELINE = click.option("--baseline", default="rtn", show_default=True, help="The build the others are compared with.")
+FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+                      help="json: the result as one JSON document on stdout (its keys sorted), nothing else there.")
 RESAMPLES = click.option("--resamples", type=click.IntRange(100, 1_000_000), default=10_000, show_default=True,
                          help="Bootstrap and sign-flip resamples of the tables.")
 
@@ -391,17 +421,25 @@ def tables(names: tuple[str, ...], dist: Path, out: Path | None, baseline: str, 
 @main.command("select")
 @BUILDS
 @DIST
-def select_(dist: Path) -> None:
+@FORMAT
+def select_(dist: Path, fmt: str) -> None:
     """Apply the selection rule of builds/release.yaml to DIST/tables/tables.json; write DIST/selection.json."""
+    import json
+
     from rich.console import Console
 
     from release.measure.select import SelectRequest, delivery, ranking_table, run_select
 
     request = SelectRequest.create(dist)
     doc = run_select(request)
+    delivered = delivery(request.release, doc).builds
+    if fmt == "json":
+        click.echo(json.dumps({"selection": str(request.out), "delivered": delivered,
+                               "document": doc.model_dump(mode="json")}, indent=2, sort_keys=True))
+        return
     Console(width=160).print(ranking_table(doc))
     click.echo(f"selection: {request.out}")
-    click.echo(f"delivered: {', '.join(delivery(request.release, doc).builds) or 'none'}")
+    click.echo(f"delivered: {', '.join(delivered) or 'none'}")
 
 
 @main.command()
@@ -437,9 +475,9 @@ def card(names: tuple[str, ...], dist: Path, lang: str, check: bool, preview: Pa
 @click.option("--org", default=None, help="Hub organisation (default: builds/release.yaml).")
 @DIST
 @click.option("--endpoint", default=None, help="Hub endpoint (default: huggingface_hub's, HF_ENDPOINT).")
-@click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (text: Markdown) and its totals; change nothing.")
 @click.option("--create-pr", is_flag=True, help="Open a Hub pull request instead of committing to main.")
-@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+@FORMAT
 @click.option("--force", default=None, metavar="REASON", help="Push builds whose verification failed, was skipped "
               "in part, or is missing; REASON goes into the commit message.")
 @click.option("--retag", is_flag=True, help="Move the release tag v<version> to the new commit if it points elsewhere "
@@ -461,7 +499,8 @@ def card(names: tuple[str, ...], dist: Path, lang: str, check: bool, preview: Pa
 def push(names: tuple[str, ...], org: str | None, dist: Path, endpoint: str | None, dry_run: bool,
          create_pr: bool, fmt: str, force: str | None, retag: bool, target: Path | None, private: bool,
          commit_message: str | None, revision: str, manifest: Path | None, preview: Path | None) -> None:
-    """Plan and publish the sibling repos (token from HF_TOKEN or the huggingface_hub login; never printed)."""
+    """Plan and publish the sibling repos (token from HF_TOKEN or the huggingface_hub login; never printed): what
+    goes where and the progress on stderr, then what was done, with each commit, and the totals."""
     from release.publish.push import PushRequest, run_push
 
     click.echo(run_push(PushRequest.create(names, org, dist, dry_run, endpoint, create_pr, fmt, force, target,

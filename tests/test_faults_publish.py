@@ -144,7 +144,7 @@ def test_a_file_changed_after_the_plan_is_not_published(dist: Path, tmp_path: Pa
 
     monkeypatch.setattr(push, "plan_repo", plan_then_tamper)
     target = tmp_path / "hub"
-    _one_line_error(_push(dist, target), 1, f"{shard}: changed after this push hashed it")
+    _one_line_error(_push(dist, target, "-q"), 1, f"{shard}: changed after this push hashed it")  # -q: no progress
     assert not (target / "np-cr" / RTN).exists() and _leftovers(target) == []
 
 
@@ -161,7 +161,7 @@ def test_a_file_changed_after_the_plan_is_not_committed_to_the_hub(hub: FakeHub,
         return plan
 
     monkeypatch.setattr(push, "plan_repo", plan_then_tamper)
-    result = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
+    result = invoke("-q", "push", "rtn", "--dist", dist, "--endpoint", hub.url)  # -q: no progress before the error
     _one_line_error(result, 1, f"{config}: changed after this push hashed it")
     assert not hub.repos  # nothing was created or committed
 
@@ -245,9 +245,10 @@ def test_skipped_checks_refuse_the_push_unless_forced(dist: Path, tiny: Path, tm
     target = tmp_path / "hub"
     _one_line_error(_push(dist, target), 1, "push refused: Cosmos3-Nano-Policy-DROID-FP8 was not fully verified "
                     "(layout, quantization_config, modelopt_state skipped: no reference", "--force REASON")
+    planned = _push(dist, target, "--force", "no reference on this machine", "--dry-run")
+    assert "[forced past verification: no reference on this machine]" in planned.stdout  # in the commit message
     forced = _push(dist, target, "--force", "no reference on this machine")
-    assert forced.exit_code == 0, forced.output
-    assert "[forced past verification: no reference on this machine]" in forced.output
+    assert forced.exit_code == 0 and "changes published, checksums verified" in forced.stdout, forced.output
 
 
 def test_the_card_says_which_checks_ran(tmp_path: Path) -> None:

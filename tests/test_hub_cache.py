@@ -118,6 +118,12 @@ def test_mismatch_allowed_is_recorded_and_told(cache: Path, tiny: Path, tmp_path
     folder = tmp_path / "dist" / "Cosmos3-Nano-Policy-DROID-FP8"
     prov = json.loads((folder / "provenance.json").read_text())
     assert prov["source"]["revision_mismatch"] is True and prov["source"]["revision"] == COMMIT
+    quiet = invoke("-q", "build", "rtn", "--source", f"{BASE.base_model}@{COMMIT}", "--observations",
+                   tiny / "observations", "--out", tmp_path / "quiet", "--allow-revision-mismatch")
+    assert quiet.exit_code == 0, quiet.output
+    said = " ".join(quiet.stderr.split())  # -q: the warning, but no source line, progress or build files line
+    assert said.startswith(f"warning: the source is not base_revision {BASE.base_revision[:12]} of release.yaml")
+    assert "source: " not in said and "build rtn" not in said and "build files: " not in said
     dist = tmp_path / "dist"
     assert invoke("eval", "rtn", "--path", "fakequant", "--split", "validation", "--dist", dist, "--source",
                   f"{BASE.base_model}@{COMMIT}", "--observations", tiny / "observations").exit_code == 0

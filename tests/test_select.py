@@ -81,6 +81,19 @@ def test_the_seed_selection_from_the_seed_figures(tmp_path: Path) -> None:
     assert doc["rule"]["candidates"][1] == "sq_auto_gptq" and doc["rule"]["count"] == 2
 
 
+def test_select_as_json_is_the_selection_and_the_delivery(tmp_path: Path) -> None:
+    seed = json.loads((ROOT / "tests" / "data" / "seed_figures.json").read_text())
+    tables(tmp_path, seed["records"])
+    result = invoke("select", "--dist", tmp_path, "--format", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)  # one document, nothing else on stdout: the table is not printed
+    assert list(doc) == ["delivered", "document", "selection"] and doc["delivered"] == ["rtn", "sq_auto", "rtn_mavg"]
+    assert doc["document"] == json.loads((tmp_path / "selection.json").read_text())
+    assert doc["selection"] == str(tmp_path / "selection.json") and "build files: " in result.stderr
+    quiet = invoke("-q", "select", "--dist", tmp_path, "--format", "json")
+    assert quiet.stderr == "" and json.loads(quiet.stdout)["delivered"] == doc["delivered"]
+
+
 @pytest.mark.parametrize(("tie_break", "winner"), [("gripper_agree, joint_mae_deg", "sq_auto"),
                                                    ("joint_mae_deg, gripper_agree", "rtn_mavg")])
 def test_equal_overall_goes_to_the_tie_breaks_in_their_order(builds: Path, tmp_path: Path, tie_break: str,

@@ -26,6 +26,7 @@ from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, read_json, write_json
+from release.core.output import progress
 from release.core.profile import device_name, stage
 from release.inputs.observations import Observation, action_sigma, load_observations, observation_set_digest
 from release.inputs.source import recalled_inputs, resolve_source, source_revision
@@ -137,8 +138,6 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
     rollout's latency and peak memory are kept beside its actions (``performance`` reads them). The BF16 source and
     a deployed build with ModelOpt's FP8 GEMM run their decoder stacks as CUDA graphs on a GPU
     (``release.inputs.graphs``), each rollout's record saying whether it did."""
-    from rich.progress import Progress
-
     from release.core.device import free_memory
     from release.core.distributed import world
     from release.inputs.graphs import capturable, graph_decoder_stack
@@ -156,8 +155,8 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
             capturable(pipe.transformer)  # the BF16 source; a deployed build's maker marks its own
         graphed = graph_decoder_stack(pipe.transformer) is not None
         gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
-        with Progress(transient=True) as progress:
-            task = progress.add_task(f"{world().tag}rollouts: {shown(label)}", total=len(todo))
+        with progress(transient=True) as bars:
+            task = bars.add_task(f"{world().tag}rollouts: {shown(label)}", total=len(todo))
             for i in todo:
                 settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
                 if gemms is not None:
@@ -172,7 +171,7 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
                                                             measure.peak_bytes, "device": device_name()})
                 np.save(paths[i].with_suffix(".tmp.npy"), actions)
                 paths[i].with_suffix(".tmp.npy").replace(paths[i])
-                progress.advance(task)
+                bars.advance(task)
         del pipe
         free_memory()  # before the next path's model is placed
     world().barrier()

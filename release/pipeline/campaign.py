@@ -29,6 +29,7 @@ from release.core.builds import load_build
 from release.core.config import BuildConfig, CampaignEval, builds_dir
 from release.core.errors import ReleaseError
 from release.core.io import read_json, write_json
+from release.core.output import console, progress
 from release.core.profile import stage
 from release.inputs.fixture import fixture_reference
 from release.inputs.observations import observation_set_digest
@@ -37,7 +38,7 @@ from release.measure.evaluate import EvalRequest, Subject, roll_out, run_eval
 from release.measure.select import SelectRequest, delivery, run_select
 from release.measure.tables import TablesRequest, run_tables
 from release.publish.card.render import CardRequest, render_cards
-from release.quantize.build import Builder, BuildRequest, console, progress
+from release.quantize.build import Builder, BuildRequest
 from release.quantize.recipes import ObserverPasses, observes_source
 
 JOURNAL = "campaign.json"

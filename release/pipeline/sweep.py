@@ -7,9 +7,10 @@ from __future__ import annotations
 from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 from release.core.config import BuildConfig
 from release.core.distributed import world
+from release.core.output import progress
 from release.inputs.fixture import fixture_reference
 from release.inputs.source import remember_inputs
-from release.quantize.build import Builder, BuildRequest, progress
+from release.quantize.build import Builder, BuildRequest
 from release.quantize.recipes import ObserverPasses, observes_source
 
 

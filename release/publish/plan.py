@@ -1,6 +1,7 @@
 """The plan of a push: every local file against the remote, compared the way the remote stores it (the sha256 of LFS
-files, the git blob sha1 of small ones), the commit message, the tag, the README diff; rendered as markdown or JSON.
-Planning reads the remote and never writes."""
+files, the git blob sha1 of small ones), the commit message, the tag, the README diff; rendered as text (Markdown,
+for the reviewers of a pull request) or JSON, each ending with the totals. Planning reads the remote and never
+writes."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from release.publish.remotes import MAIN, FolderRemote, HubRemote
 from release.publish.request import PushRequest
 
 Action = Literal["add", "modify", "delete", "unchanged"]
+ACTIONS: tuple[Action, ...] = ("add", "modify", "delete", "unchanged")
+RepoStatus = Literal["create", "update", "unchanged"]
 TagAction = Literal["create", "move", "unchanged", "none"]
 
 
@@ -51,6 +54,20 @@ class RepoPlan:
     @property
     def changes(self) -> list[FilePlan]:
         return [f for f in self.files if f.action != "unchanged"]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Its files by action."""
+        return {a: sum(1 for f in self.files if f.action == a) for a in ACTIONS}
+
+    @property
+    def upload_bytes(self) -> int:
+        return sum(f.size for f in self.files if f.action in ("add", "modify"))
+
+    @property
+    def status(self) -> RepoStatus:
+        """What the push does to the repo: creates it, commits to it, or leaves its files as they are."""
+        return "create" if not self.exists else "update" if self.changes else "unchanged"
 
 
 def plan_repo(remote: HubRemote | FolderRemote, request: PushRequest, build: BuildConfig, folder: Path,
@@ -144,26 +161,59 @@ def hub_endpoint(endpoint: str | None) -> str:
     return endpoint or constants.ENDPOINT
 
 
+def destination(request: PushRequest) -> str:
+    """Where a push goes: the ``--target`` folder, or the Hub's endpoint."""
+    return str(request.target) if request.target else hub_endpoint(request.endpoint)
+
+
 def remote_label(request: PushRequest) -> str:
-    return f"`{request.target}`" if request.target else f"`{hub_endpoint(request.endpoint)}`"
+    return f"`{destination(request)}`"
+
+
+def summary(plans: list[RepoPlan]) -> dict[str, Any]:
+    """The totals of a push: its repos by status, its files by action, the bytes it uploads."""
+    return {"repos": {s: sum(1 for p in plans if p.status == s) for s in ("create", "update", "unchanged")},
+            "files": {a: sum(p.counts[a] for p in plans) for a in ACTIONS},
+            "upload_bytes": sum(p.upload_bytes for p in plans)}
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def summary_line(plans: list[RepoPlan], done: bool) -> str:
+    """The totals in words: what a push will do, or (``done``) what it did."""
+    create, update, upload, delete = ("created", "updated", "uploaded", "deleted") if done else \
+        ("to create", "to update", "to upload", "to delete")
+    totals = summary(plans)
+    repos, files = totals["repos"], totals["files"]
+    return (f"{plural(len(plans), 'repo')} ({repos['create']} {create}, {repos['update']} {update}, "
+            f"{repos['unchanged']} unchanged); {plural(files['add'] + files['modify'], 'file')} {upload} "
+            f"({human_size(totals['upload_bytes'])}), {files['unchanged']} unchanged, {files['delete']} {delete}")
+
+
+def json_document(plans: list[RepoPlan], request: PushRequest, repos: list[dict[str, Any]]) -> str:
+    """A push's plan or result as one JSON document, its keys sorted: the release, where it goes, ``repos`` and the
+    totals."""
+    return json.dumps({"org": request.org, "dry_run": request.dry_run, "version": request.release.version,
+                       "tool": __version__, "destination": destination(request), "description": request.notes,
+                       "repos": repos, "summary": summary(plans)}, indent=2, sort_keys=True)
 
 
 def render_plan(plans: list[RepoPlan], request: PushRequest, fmt: str) -> str:
+    """The plan of a dry run (``fmt``: text or json), ending with its totals."""
     if fmt == "json":
-        return json.dumps({"org": request.org, "dry_run": request.dry_run, "version": request.release.version,
-                           "tool": __version__, "description": request.notes, "repos": [asdict(p) for p in plans]},
-                          indent=2)
+        return json_document(plans, request, [asdict(p) for p in plans])
     lines = [f"# Release plan: release {request.release.version} to {remote_label(request)} "
              f"(`release` {__version__})", ""]
     if request.notes is not None:
         lines += [f"<details><summary>Commit description: the release notes of {request.release.version} "
                   f"({builds_dir() / RELEASE_NOTES})</summary>", "", request.notes, "", "</details>", ""]
     for p in plans:
-        counts = {a: sum(1 for f in p.files if f.action == a) for a in ("add", "modify", "delete", "unchanged")}
-        upload = sum(f.size for f in p.files if f.action in ("add", "modify"))
+        counts = p.counts
         lines += [f"## {p.repo_id} ({p.build}): {repo_status(p, request)}", "",
                   f"{counts['add']} to add, {counts['modify']} to modify, {counts['delete']} to delete, "
-                  f"{counts['unchanged']} unchanged; {human_size(upload)} to upload.", ""]
+                  f"{counts['unchanged']} unchanged; {human_size(p.upload_bytes)} to upload.", ""]
         if not p.changes:
             lines += ["No changes: nothing will be uploaded.", ""]
         else:
@@ -178,4 +228,4 @@ def render_plan(plans: list[RepoPlan], request: PushRequest, fmt: str) -> str:
         if p.readme_diff:
             lines += ["<details><summary>README.md diff</summary>", "", "```diff", p.readme_diff, "```", "",
                       "</details>", ""]
-    return "\n".join(lines)
+    return "\n".join([*lines, f"Summary: {summary_line(plans, done=False)}; nothing was uploaded (dry run)."])

@@ -86,8 +86,7 @@ def _take_blocks(text: str, blocks: list[Block], room: int) -> tuple[str, int]:
 
 def _details(p: RepoPlan) -> Block:
     """One repo's changes, collapsed: the commit, the changed files and the README's diff against the remote."""
-    counts = ", ".join(f"{n} to {a}" for a in ("add", "modify", "delete")
-                       if (n := sum(1 for f in p.files if f.action == a)))
+    counts = ", ".join(f"{n} to {a}" for a in ("add", "modify", "delete") if (n := p.counts[a]))
     stat = f"; README.md {_diff_stat(p.readme_diff)}" if p.readme_diff else ""
     parent = f" on `{p.head[:12]}`" if p.head else ""
     lines = [f"Commit `{p.commit_message}`{parent}.", "", "| file | action | size | storage |", "|---|---|---:|---|"]
@@ -108,11 +107,10 @@ def render_comment(plans: list[RepoPlan], request: PushRequest) -> str:
             "|---|---|---|--:|--:|--:|--:|--:|---|"]
     rows = []
     for p in plans:
-        n = {a: sum(1 for f in p.files if f.action == a) for a in ("add", "modify", "delete", "unchanged")}
-        upload = sum(f.size for f in p.files if f.action in ("add", "modify"))
+        n = p.counts
         tag = {"create": "create", "move": "move (--retag)", "unchanged": "unchanged", "none": "-"}[p.tag_action]
         rows.append(f"| `{p.repo_id}` | {p.build} | {repo_status(p, request)} | {n['add']} | {n['modify']} | "
-                    f"{n['delete']} | {n['unchanged']} | {human_size(upload)} | {tag} |")
+                    f"{n['delete']} | {n['unchanged']} | {human_size(p.upload_bytes)} | {tag} |")
     footer = "\nThe full plan (`plan.md`, `plan.json`: README diffs and the commit description) and the cards " \
         "rendered in every language, with their plots (`cards/`), are in this run's artifact."
     return _fitted(head, rows, [_details(p) for p in changing], footer,
@@ -138,7 +136,7 @@ def write_preview(out: Path, plans: list[RepoPlan], request: PushRequest, dist: 
     files of each repo under ``cards/REPO/``; written aside and put in place whole."""
     with atomic_dir(out) as tmp:
         atomic_write(tmp / "comment.md", render_comment(plans, request))
-        atomic_write(tmp / "plan.md", render_plan(plans, request, "markdown") + "\n")
+        atomic_write(tmp / "plan.md", render_plan(plans, request, "text") + "\n")
         atomic_write(tmp / "plan.json", render_plan(plans, request, "json") + "\n")
         for build in request.builds:
             for rel in build_files(dist / build.repo):

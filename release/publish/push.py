@@ -7,30 +7,53 @@ with the remote ``blob_id``. ``--dry-run`` prints it (the pull-request preview);
 the head seen at plan time (``parent_commit``), checks the remote against the hashes the plan approved, and then
 tags the release ``v<version>`` (the release's version in ``builds/release.yaml``). Each commit's description is the
 release's notes, the section of ``builds/RELEASES.md`` for that version. ``--target DIR`` publishes to a folder
-instead, under a lock.
+instead, under a lock. A push says what goes where and each repo's progress on stderr (``release -q`` silences
+them) and returns what it did, as text or JSON.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from release.core.config import BuildConfig
 from release.core.errors import GateError, ReleaseError
 from release.core.io import atomic_dir, cache_dir, exclusive_lock
+from release.core.output import info, quiet
 from release.publish.gate import checked_files
 from release.publish.hashing import LFS_THRESHOLD, HashCache
 from release.publish.manifest import locked_files, staged
-from release.publish.plan import FilePlan, RepoPlan, plan_repo, render_plan
+from release.publish.plan import (
+    FilePlan,
+    RepoPlan,
+    destination,
+    human_size,
+    json_document,
+    plan_repo,
+    plural,
+    render_plan,
+    summary_line,
+)
 from release.publish.preview import write_preview
 from release.publish.remotes import FolderRemote, HubRemote
 from release.publish.request import PushRequest
 from release.publish.scan import CHUNK
 
 LOCK_NAME = ".release-push.lock"
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """What a push did to one repo, in words; the commit it made and where to see it (the commit or the pull request
+    on the Hub, or the folder)."""
+
+    result: str
+    commit: str | None = None
+    url: str | None = None
 
 
 def _changed_after_hashing(path: Path) -> GateError:
@@ -88,8 +111,21 @@ def _tag(remote: HubRemote, plan: RepoPlan, commit: str) -> str:
     return f"tagged {plan.tag}"
 
 
+@contextmanager
+def _upload_bars() -> Iterator[None]:
+    """huggingface_hub's upload progress bars (on stderr) while a commit uploads, unless quiet."""
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    if not quiet():
+        enable_progress_bars()
+    try:
+        yield
+    finally:
+        disable_progress_bars()
+
+
 def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequest,
-              local: dict[str, dict[str, Any]]) -> str:
+              local: dict[str, dict[str, Any]]) -> Pushed:
     from huggingface_hub import CommitOperationDelete
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -109,27 +145,28 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
     created = f"created branch {plan.revision}, " if not plan.branch_exists else ""
     if not plan.changes:
         tagged = f"; {_tag(remote, plan, plan.head)}" if plan.head and plan.tag_action != "none" else ""
-        return f"{plan.repo_id}: {created}no changes, nothing uploaded{tagged}"
+        return Pushed(f"{created}no changes, nothing uploaded{tagged}")
     try:
-        info = api.create_commit(plan.repo_id, operations=ops, commit_message=plan.commit_message,
-                                 commit_description=request.notes, revision=plan.revision, parent_commit=plan.head,
-                                 create_pr=request.create_pr)
+        with _upload_bars():
+            done = api.create_commit(plan.repo_id, operations=ops, commit_message=plan.commit_message,
+                                     commit_description=request.notes, revision=plan.revision,
+                                     parent_commit=plan.head, create_pr=request.create_pr)
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
         if status == 412:
             raise ReleaseError(f"{plan.repo_id}: the branch moved after the plan (parent {plan.head}); nothing "
                                "was overwritten; run 'release push' again to re-plan") from exc
         raise ReleaseError(f"{plan.repo_id}: the Hub refused the commit: HTTP {status}") from exc
-    commit = info.oid
+    commit = done.oid
     if request.create_pr:
-        return f"{plan.repo_id}: opened {info.pr_url}"
+        return Pushed(f"{created}opened a pull request ({plural(len(ops), 'file')})", commit, done.pr_url)
     wrong = _mismatches(remote, plan, local)
     if wrong:
         raise ReleaseError(f"{plan.repo_id}: committed {commit[:12]}, but the remote {wrong[0]} does not match the "
                            "hashed local file; not tagged")
     tagged = _tag(remote, plan, commit) if plan.tag_action != "none" else f"not tagged (branch {plan.revision})"
-    return f"{plan.repo_id}: {created}committed {commit[:12]} to {plan.revision} ({len(ops)} files), {tagged}, " \
-        "checksums verified"
+    return Pushed(f"{created}committed {commit[:12]} to {plan.revision} ({plural(len(ops), 'file')}), {tagged}, "
+                  "checksums verified", commit, done.commit_url)
 
 
 def _copy_hashed(src: Path, dst: Path, sha256: str) -> None:
@@ -144,21 +181,48 @@ def _copy_hashed(src: Path, dst: Path, sha256: str) -> None:
         raise _changed_after_hashing(src)
 
 
-def _push_folder(remote: FolderRemote, plan: RepoPlan, folder: Path, local: dict[str, dict[str, Any]]) -> str:
+def _push_folder(remote: FolderRemote, plan: RepoPlan, folder: Path, local: dict[str, dict[str, Any]]) -> Pushed:
     """Write the repo beside its old copy, each file checked against its planned hash while it is copied, and swap
     it in only when complete (``atomic_dir``): a failure leaves the old copy and no staging folder."""
     if not plan.changes:
-        return f"{plan.repo_id}: no changes, nothing copied"
+        return Pushed("no changes, nothing copied")
     dest = remote.folder(plan.repo_id)
     with atomic_dir(dest) as staging:
         for f in plan.files:
             if f.action != "delete":
                 _copy_hashed(folder / f.path, staging / f.path, local[f.path]["sha256"])
-    return f"{plan.repo_id}: {len(plan.changes)} changes published to {dest}, checksums verified"
+    return Pushed(f"{len(plan.changes)} changes published, checksums verified", url=str(dest))
+
+
+def _doing(plan: RepoPlan, verb: str) -> str:
+    """What the push is about to do to a repo, for the progress on stderr."""
+    if not plan.changes:
+        return "no changes"
+    sent, deleted = plan.counts["add"] + plan.counts["modify"], plan.counts["delete"]
+    deleting = f", deleting {deleted}" if deleted else ""
+    return f"{verb} {plural(sent, 'file')} ({human_size(plan.upload_bytes)}){deleting}"
+
+
+def render_pushed(plans: list[RepoPlan], pushed: list[Pushed], request: PushRequest) -> str:
+    """What a push did (``request.fmt``: text or json): each repo's result with its commit and where to see it,
+    then the totals."""
+    if request.fmt == "json":
+        return json_document(plans, request, [
+            {"repo_id": p.repo_id, "build": p.build, "status": p.status, "revision": p.revision, "files": p.counts,
+             "upload_bytes": p.upload_bytes, "tag": p.tag if p.tag_action != "none" else None,
+             "tag_action": p.tag_action, "commit": done.commit, "url": done.url, "result": done.result}
+            for p, done in zip(plans, pushed, strict=True)])
+    lines = []
+    for p, done in zip(plans, pushed, strict=True):
+        lines += [f"{p.repo_id}: {done.result}", *([f"  {done.url}"] if done.url else [])]
+    how = " as pull requests" if request.create_pr else ""
+    return "\n".join([*lines, f"Pushed release {request.release.version} to {destination(request)}{how}: "
+                               f"{summary_line(plans, done=True)}."])
 
 
 def run_push(request: PushRequest) -> str:
-    """Plan every repo; for a dry run return the plan, else push and return the plan plus what happened.
+    """Plan every repo; for a dry run return the plan, else push (saying on stderr what goes where, then each repo
+    as it goes) and return what it did.
 
     With a release manifest the build folders are staged from its sidecars, with freshly rendered cards, and each
     file that is not there is planned by the hashes the manifest holds. A push to a folder holds
@@ -192,16 +256,16 @@ def _run_push(request: PushRequest, dist: Path, cache: HashCache,
             hashes.append(local)
             plans.append(plan_repo(remote, request, build, folder, local))
         cache.save()
-        text = render_plan(plans, request, request.fmt)
         if request.preview is not None:
             write_preview(request.preview, plans, request, dist)
         if request.dry_run:
-            return text
-        done = []
-        for build, plan, local in zip(request.builds, plans, hashes, strict=True):
+            return render_plan(plans, request, request.fmt)
+        info(f"Pushing release {request.release.version} to {destination(request)}: "
+             f"{summary_line(plans, done=False)}")
+        pushed = []
+        for i, (build, plan, local) in enumerate(zip(request.builds, plans, hashes, strict=True), 1):
             folder = dist / build.repo
-            if isinstance(remote, FolderRemote):
-                done.append(_push_folder(remote, plan, folder, local))
-            else:
-                done.append(_push_hub(remote, plan, folder, request, local))
-    return text + "\n" + "\n".join(done) if request.fmt == "markdown" else "\n".join(done)
+            info(f"{plan.repo_id} ({i}/{len(plans)}): {_doing(plan, 'copying' if request.target else 'uploading')}")
+            pushed.append(_push_folder(remote, plan, folder, local) if isinstance(remote, FolderRemote)
+                          else _push_hub(remote, plan, folder, request, local))
+    return render_pushed(plans, pushed, request)

@@ -31,7 +31,7 @@ class HubRemote:
         from huggingface_hub import HfApi
         from huggingface_hub.utils import disable_progress_bars
 
-        disable_progress_bars()  # the plan and the result lines are the output
+        disable_progress_bars()  # but while a commit uploads (push._upload_bars): reading the remote is quick
         self.api = HfApi(endpoint=endpoint, token=os.environ.get("HF_TOKEN") or None)
 
     def state(self, repo_id: str, revision: str = MAIN) -> RemoteState:

@@ -30,7 +30,7 @@ class PushRequest:
     dry_run: bool
     endpoint: str | None
     create_pr: bool
-    fmt: Literal["markdown", "json"]
+    fmt: Literal["text", "json"]
     force: str | None
     target: Path | None
     retag: bool = False
@@ -49,7 +49,7 @@ class PushRequest:
 
     @classmethod
     def create(cls, names: tuple[str, ...], org: str | None, dist: Path, dry_run: bool, endpoint: str | None = None,
-               create_pr: bool = False, fmt: str = "markdown", force: str | None = None,
+               create_pr: bool = False, fmt: str = "text", force: str | None = None,
                target: Path | None = None, retag: bool = False, private: bool = False,
                commit_message: str | None = None, revision: str = MAIN,
                manifest: Path | None = None, preview: Path | None = None) -> PushRequest:

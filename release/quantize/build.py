@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from release import __version__
 from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig, builds_dir
 from release.core.errors import ReleaseError
 from release.core.io import CHECKOUT, atomic_dir, build_date, cache_dir, output_folder, sha256_file, write_json
+from release.core.output import console, progress, warning
 from release.core.profile import stage
 from release.inputs.observations import Observation, dataset_id, load_observations, observation_set_digest, split
 from release.inputs.source import (
@@ -36,8 +36,6 @@ from release.quantize.extensions import ExtensionBuild
 
 if TYPE_CHECKING:
     from release.quantize.recipes import ObserverPasses
-
-console = Console(stderr=True)
 
 
 @dataclass(frozen=True)
@@ -71,11 +69,6 @@ class BuildRequest:
             )
         cache = cache_dir()
         return cls(release, builds, src, observations, output_folder(out, "--dist"), cache, identity)
-
-
-def progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=console, transient=False)
 
 
 def capture_calibration(request: BuildRequest, observations: list[Observation],
@@ -248,8 +241,8 @@ class Builder:
         console.print(f"source: {request.source} ({identity.repo + ' at ' if identity.repo else ''}"
                       f"{identity.origin} {identity.revision[:12]})")
         if identity.is_commit and identity.revision != release.base_revision:  # allowed, or create had refused
-            console.print(f"[yellow]warning:[/] the source is not base_revision {release.base_revision[:12]} of "
-                          "release.yaml (--allow-revision-mismatch): provenance and cards say so")
+            warning(f"the source is not base_revision {release.base_revision[:12]} of release.yaml "
+                    "(--allow-revision-mismatch): provenance and cards say so")
         with stage("load the source"):
             source = SourceModel(request.source, device, policy_transformer)
             if policy_transformer is not None:
