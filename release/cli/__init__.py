@@ -2,179 +2,29 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
 from release import __version__
-from release.core.errors import ReleaseError
-
-DEBUG_ENV = "RELEASE_DEBUG"
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM (``kill``, a job scheduler, torchrun stopping the other ranks) ends a command as Ctrl-C does: what it
-    was writing is removed, its outputs are left whole and ``RELEASE_PROFILE`` keeps what ran."""
-
-
-def _terminate(signum: int, frame: Any) -> None:
-    raise _Terminated
-
-
-def _quiet(ctx: click.Context, param: click.Parameter, quiet: bool) -> None:
-    """``release -q`` sets quiet mode for the command it runs (and clears it: one process may run several); a
-    command's own ``-q`` turns it on."""
-    from release.core.output import set_quiet
-
-    if quiet or ctx.parent is None:
-        set_quiet(quiet)
+from release.cli.base import (
+    ALLOW_REVISION_MISMATCH,
+    BASELINE,
+    BUILDS,
+    DIST,
+    ENVIRONMENT,
+    FORMAT,
+    OBSERVATIONS,
+    RESAMPLES,
+    SOURCE,
+    ReleaseGroup,
+    max_gpu_memory_option,
+    quiet_libraries,
+)
 
 
-class _Command(click.Command):
-    """``release`` and each of its commands take ``-q``, as pip takes ``pip -q install`` and ``pip install -q``."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.params.append(click.Option(["-q", "--quiet"], is_flag=True, expose_value=False, callback=_quiet,
-                                        help="No progress bars or informational lines on stderr; the result, "
-                                        "warnings and errors stay."))
-
-
-class _Commands(click.Group):
-    """A group of ``release`` commands (``release observations``)."""
-
-    command_class = _Command
-
-
-class _Group(_Command, _Commands):
-    """Turns every error into one line on stderr; tracebacks only with ``RELEASE_DEBUG=1``."""
-
-    group_class = _Commands
-
-    def invoke(self, ctx: click.Context) -> Any:
-        from release.core import profile
-        from release.core.distributed import world
-
-        main_thread = threading.current_thread() is threading.main_thread()  # where signals are delivered
-        previous = signal.getsignal(signal.SIGTERM)
-        if main_thread:
-            signal.signal(signal.SIGTERM, _terminate)
-        try:
-            result = super().invoke(ctx)
-        except ReleaseError as exc:
-            if os.environ.get(DEBUG_ENV) == "1":
-                raise
-            click.echo(f"error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
-            raise
-        except KeyboardInterrupt as exc:
-            click.echo("interrupted; outputs were left untouched, rerun to resume", err=True)
-            sys.exit(128 + signal.SIGTERM if isinstance(exc, _Terminated) else 130)
-        except Exception as exc:  # a bug, not bad input: say so, keep the traceback for RELEASE_DEBUG=1
-            if os.environ.get(DEBUG_ENV) == "1":
-                raise
-            if type(exc).__name__ == "OutOfMemoryError":  # torch's: too little GPU memory, not a bug
-                from release.core.memory import out_of_memory
-
-                click.echo(f"error: {out_of_memory()}", err=True)
-                sys.exit(2)
-            click.echo(f"internal error: {type(exc).__name__}: {exc} (rerun with {DEBUG_ENV}=1 for a traceback)",
-                       err=True)
-            sys.exit(1)
-        finally:
-            profile.report(str(ctx.invoked_subcommand), world().rank)
-            if main_thread:
-                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-        if ctx.invoked_subcommand in USES_BUILDS and world().main:  # after the work: an error stays one line
-            from release.core.config import builds_source
-            from release.core.output import info
-
-            where, why = builds_source()
-            info(f"build files: {where} ({why})")
-        return result
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        from release.core import config
-
-        config.BUILDS_OPTION.clear()  # one process may run several commands (tests, notebooks)
-        return super().parse_args(ctx, args)
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """Each command's first sentence whole, wrapped by the formatter (click cuts it at the width with '...')."""
-        rows = [(name, command.get_short_help_str(limit=10_000)) for name in self.list_commands(ctx)
-                if (command := self.get_command(ctx, name)) is not None and not command.hidden]
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-
-ENVIRONMENT = """\b
-Environment:
-  RELEASE_BUILDS        folder of build files when --builds is not given (then ./builds, then the
-                        shipped defaults)
-  RELEASE_SOURCE        BF16 source (a folder or a Hub id in the local cache) when --source is not
-                        given (then the cache at base_model / base_revision)
-  RELEASE_OBSERVATIONS  observation set when --observations is not given
-  RELEASE_CACHE         calibration captures, rollouts and hashes (default .cache/release)
-  RELEASE_DEVICE        auto (default: CUDA when present), cpu or cuda
-  RELEASE_CUDA_GRAPHS   0: eval's rollouts run eager on CUDA (default 1: BF16 and the deployed FP8 build
-                        replay their decoder stacks as CUDA graphs, the same bits)
-  RELEASE_DEBUG=1       tracebacks instead of one-line errors
-  RELEASE_PROFILE=FILE  the time and peak GPU memory of each stage, written to FILE as JSON (and printed)
-  RELEASE_MAX_GPU_MEMORY=SIZE
-                        build, verify and eval keep GPU memory within SIZE (as --max-gpu-memory)
-  WORLD_SIZE, RANK, LOCAL_RANK
-                        set by torchrun: build, verify and eval split their work across the processes
-  RELEASE_DIST_TIMEOUT  under torchrun: seconds a rank waits for the others' shares (default 86400)
-  SOURCE_DATE_EPOCH     pins the date recorded in provenance.json, selection.json and tables.json
-  HF_TOKEN              the Hub token for push (else the huggingface_hub login); never printed
-  HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE
-                        read by huggingface_hub (the endpoint, the cache, offline mode)
-"""
-# The release's folder, as every command takes it ('release build' writes it).
-DIST = click.option("--dist", type=click.Path(path_type=Path), default=Path("dist"), show_default=True,
-                    help="The release's folder: a folder per build repo (what 'release build' wrote), tables/ "
-                    "and selection.json.")
-OBSERVATIONS = click.option("--observations", type=click.Path(path_type=Path), default=None,
-                            help="Observation set (default: $RELEASE_OBSERVATIONS, then 'observations' beside the "
-                            "source).")
-# Commands that read build files say which folder they read.
-USES_BUILDS = {"build", "verify", "eval", "import-served", "tables", "select", "card", "push", "observations",
-               "manifest", "campaign"}
-SOURCE = click.option("--source", default=None, help="BF16 checkpoint: a folder, or a Hub id org/name[@revision] in "
-                      "the local Hugging Face cache (default: $RELEASE_SOURCE, then base_model at base_revision in the "
-                      "cache).")
-ALLOW_REVISION_MISMATCH = click.option("--allow-revision-mismatch", is_flag=True, help="Build from a source whose Hub "
-                                       "commit is not the base_revision of release.yaml (provenance and cards say so).")
-BASELINE = click.option("--baseline", default="rtn", show_default=True, help="The build the others are compared with.")
-FORMAT = click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
-                      help="json: the result as one JSON document on stdout (its keys sorted), nothing else there.")
-RESAMPLES = click.option("--resamples", type=click.IntRange(100, 1_000_000), default=10_000, show_default=True,
-                         help="Bootstrap and sign-flip resamples of the tables.")
-
-
-def _use_builds(ctx: click.Context, param: click.Parameter, builds: Path | None) -> None:
-    """``--builds DIR``, before or after the command's name (as ``hf`` and pip take their global options): the
-    folder of build files for the process; given in both places, the later one counts. Checked where the build files
-    are read (``builds_source``), so that a bad folder is a one-line error."""
-    from release.core import config
-
-    if builds is not None:
-        config.BUILDS_OPTION.append(builds)
-
-
-BUILDS = click.option("--builds", type=click.Path(path_type=Path, file_okay=False), default=None, expose_value=False,
-                      callback=_use_builds, help="Folder of build files (release.yaml and one file per build).")
-
-
-@click.group(cls=_Group, epilog=ENVIRONMENT, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ReleaseGroup, epilog=ENVIRONMENT, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="release")
 @BUILDS
 @click.pass_context
@@ -183,21 +33,10 @@ def main(ctx: click.Context) -> None:
     from release.core.distributed import join
     from release.core.profile import begin, check_target
 
-    _quiet_libraries()
+    quiet_libraries()
     check_target()
     rank = join(ctx.invoked_subcommand).rank  # torchrun: the process group, before any work
     begin(str(ctx.invoked_subcommand), rank)
-
-
-def _quiet_libraries() -> None:
-    import logging
-    import warnings
-
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    for name in ("diffusers", "transformers", "modelopt", "accelerate", "huggingface_hub"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 @main.command()
@@ -235,13 +74,6 @@ def fixture(size: str, out: Path, seed: int, n_obs: int, heldout: int) -> None:
         click.echo(f"reference:    {paths['reference']} (ModelOpt's own FP8 export of the source)")
 
 
-def _max_gpu_memory(command: Callable[..., None]) -> Callable[..., None]:
-    """``--max-gpu-memory``: the GPU memory cap of the command's stages (release.core.memory)."""
-    return click.option("--max-gpu-memory", default=None, metavar="SIZE",
-                        help="Keep GPU memory within SIZE (e.g. 22GiB): layers that do not fit are streamed from CPU "
-                        "memory, with the same results (default: $RELEASE_MAX_GPU_MEMORY, else no cap).")(command)
-
-
 @main.command()
 @BUILDS
 @click.argument("names", nargs=-1)
@@ -251,7 +83,7 @@ def _max_gpu_memory(command: Callable[..., None]) -> Callable[..., None]:
 @click.option("--dist", "--out", "out", type=click.Path(path_type=Path), default=Path("dist"), show_default=True,
               help="The release's folder, a folder per build repo inside it (--out: the same, its older name).")
 @ALLOW_REVISION_MISMATCH
-@_max_gpu_memory
+@max_gpu_memory_option
 def build(names: tuple[str, ...], all_builds: bool, source: str | None, observations: Path | None,
           out: Path, allow_revision_mismatch: bool, max_gpu_memory: str | None) -> None:
     """Quantize, export and record provenance for the named builds."""
@@ -275,7 +107,7 @@ def build(names: tuple[str, ...], all_builds: bool, source: str | None, observat
 @BASELINE
 @RESAMPLES
 @ALLOW_REVISION_MISMATCH
-@_max_gpu_memory
+@max_gpu_memory_option
 def campaign(source: str | None, observations: Path | None, dist: Path, keep_checkpoints: bool, baseline: str,
              resamples: int, allow_revision_mismatch: bool, max_gpu_memory: str | None) -> None:
     """The whole campaign in one resumable command: build, verify and evaluate the sweep; tables, selection, cards.
@@ -309,7 +141,7 @@ def campaign(source: str | None, observations: Path | None, dist: Path, keep_che
 @click.option("--source", default=None, help="BF16 source the values are recomputed from (default: as for build).")
 @click.option("--observations", type=click.Path(path_type=Path), default=None,
               help="Observations for the loadability rollout (default: beside the source).")
-@_max_gpu_memory
+@max_gpu_memory_option
 def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str | None, source: str | None,
            observations: Path | None, max_gpu_memory: str | None) -> None:
     """Check built repos against a reference and their source; exit 1 if any check fails."""
@@ -340,7 +172,7 @@ def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str 
               "or a Hub id in the local cache, e.g. NVIDIA's published one), as a row beside the builds.")
 @click.option("--external-title", default="published NVIDIA FP8", show_default=True,
               help="The row's title in the tables and cards.")
-@_max_gpu_memory
+@max_gpu_memory_option
 def eval_(names: tuple[str, ...], all_builds: bool, path_: str, split: str, dist: Path, source: Path | None,
           observations: Path | None, yardsticks: bool, external: str | None, external_title: str,
           max_gpu_memory: str | None) -> None:
