@@ -67,7 +67,7 @@ def test_two_ranks_fill_the_same_caches(runs: dict[int, tuple[Path, Path]]) -> N
     assert len(npz) == 2  # rank 0 wrote both builds' results
 
 
-@pytest.mark.parametrize("command", ["tables", "card", "push", "fixture"])
+@pytest.mark.parametrize("command", ["tables", "card", "push", "fixture", "campaign"])
 def test_commands_that_do_not_split_refuse_torchrun(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")

@@ -249,6 +249,9 @@ def test_skipped_checks_refuse_the_push_unless_forced(dist: Path, tiny: Path, tm
     assert "[forced past verification: no reference on this machine]" in planned.stdout  # in the commit message
     forced = _push(dist, target, "--force", "no reference on this machine")
     assert forced.exit_code == 0 and "changes published, checksums verified" in forced.stdout, forced.output
+    assert ("warning: Cosmos3-Nano-Policy-DROID-FP8 was not fully verified (layout, quantization_config, "
+            "modelopt_state skipped: no reference") in forced.stderr  # a real push no longer prints the plan
+    assert "push goes on under --force (no reference on this machine)" in forced.stderr
 
 
 def test_the_card_says_which_checks_ran(tmp_path: Path) -> None:

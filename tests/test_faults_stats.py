@@ -339,8 +339,8 @@ def test_seed_yardstick_resamples_observations(dist: Path) -> None:
 
 # rollout latency and memory (issue 14, item 4) -----------------------------------------------------------------------
 
-def _speed(seconds: float, gib: float, device: str = "NVIDIA H200") -> dict[str, Any]:
-    return {"device": device, "rollouts": 16, "seconds_median": seconds, "peak_gib": gib}
+def _speed(seconds: float, gib: float, device: str = "NVIDIA H200", **more: Any) -> dict[str, Any]:
+    return {"device": device, "rollouts": 16, "seconds_median": seconds, "peak_gib": gib, **more}
 
 
 def test_rollout_speed_beside_the_results_reaches_tables_and_cards(dist: Path) -> None:
@@ -353,8 +353,8 @@ def test_rollout_speed_beside_the_results_reaches_tables_and_cards(dist: Path) -
     np.savez(perf.with_suffix("").with_suffix(".npz"), **results)
     rows = tables(dist)
     assert rows[("sq_auto", "deployed")]["speed"] == {
-        "bf16": {"device": "NVIDIA H200", "rollouts": 16, "seconds": 0.7612, "peak_gib": 28.93},
-        "build": {"device": "NVIDIA H200", "rollouts": 16, "seconds": 0.9489, "peak_gib": 15.91}}
+        "bf16": {"device": "NVIDIA H200", "rollouts": 16, "seconds": 0.7612, "peak_gib": 28.93, "graphs": False},
+        "build": {"device": "NVIDIA H200", "rollouts": 16, "seconds": 0.9489, "peak_gib": 15.91, "graphs": False}}
     assert rows[("rtn", "deployed")]["speed"] is None  # measured on a CPU: no figures
     en, ko = cards(dist)
     assert ("Speed and memory (deployed, H200, ModelOpt FP8 GEMM, held-out labs, `NVIDIA H200`): 0.95 s vs 0.76 s per "
@@ -362,6 +362,20 @@ def test_rollout_speed_beside_the_results_reaches_tables_and_cards(dist: Path) -
     assert ("롤아웃 한 번에 0.95초, BF16은 0.76초(각각 롤아웃 16번의 중앙값), 최대 GPU 메모리 15.9 GiB, "
             "BF16은 28.9 GiB") in ko
     assert "Speed and memory" not in cards(dist, "rtn")[0]
+    # both replayed their decoder stacks as CUDA graphs (release eval on CUDA): the sentence says so; one each way:
+    # it says the two do not compare
+    perf.write_text(json.dumps({"bf16": _speed(0.3927, 29.04, graphs=True), "build": _speed(0.3519, 16.23,
+                                                                                           graphs=True)}))
+    assert tables(dist)[("sq_auto", "deployed")]["speed"]["build"]["graphs"] is True
+    en, ko = cards(dist)
+    assert ("Speed and memory (deployed, H200, ModelOpt FP8 GEMM, held-out labs, `NVIDIA H200`, both with the decoder "
+            "stack replayed as CUDA graphs): 0.35 s vs 0.39 s per rollout for BF16") in en
+    assert "둘 다 디코더 스택을 CUDA 그래프로 재생): 롤아웃 한 번에 0.35초, BF16은 0.39초" in ko
+    perf.write_text(json.dumps({"bf16": _speed(0.9479, 28.85), "build": _speed(0.3519, 16.23, graphs=True)}))
+    tables(dist)
+    en, ko = cards(dist)
+    assert "0.35 s vs 0.95 s per rollout for BF16" in en and "do not compare like with like" in en
+    assert "같은 조건의 비교가 아닙니다" in ko
 
 
 @pytest.mark.parametrize(("doc", "message"), [

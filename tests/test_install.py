@@ -3,6 +3,7 @@ from --builds, RELEASE_BUILDS, ./builds, then the shipped defaults; 'release ini
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -34,6 +35,9 @@ def test_the_wheel_carries_what_the_commands_read(wheel: Path) -> None:
     assert "release/quantize/recipes/gptq.py" in names and "release/__main__.py" in names
     assert "release/core/fp8_conformance.json" in names  # the GPU conformance table of the deployed path's bound
     assert not [n for n in names if n.endswith(".mo")]  # catalogs compile in memory on first use
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    assert zipfile.ZipFile(wheel).read("release/_data/commit").decode().strip() == head  # provenance names it
 
 
 def test_a_wheel_in_a_fresh_environment_outside_the_checkout(wheel: Path, tiny: Path, tmp_path: Path) -> None:
@@ -67,8 +71,10 @@ def test_a_wheel_in_a_fresh_environment_outside_the_checkout(wheel: Path, tiny: 
     release("init", ".")
     assert (work / "builds" / "release.yaml").is_file() and (work / "builds" / "gptq.yaml").is_file()
     common = ["--source", tiny / "source", "--observations", tiny / "observations"]
-    built = release("build", "rtn", *common, "--out", "dist")
+    built = release("build", "rtn", *common, "--dist", "dist")
     assert "build files: builds (./builds)" in built.stderr
+    provenance = json.loads(next((work / "dist").glob("*/provenance.json")).read_text())
+    assert provenance["tool"]["commit"] == zipfile.ZipFile(wheel).read("release/_data/commit").decode().strip()
     release("eval", "rtn", "--path", "deployed", "--split", "validation", "--dist", "dist", *common)
     release("tables", "--dist", "dist")
     checked = release("card", "--dist", "dist", "--check", "--lang", "en,ko")

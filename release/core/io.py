@@ -32,6 +32,24 @@ def data_path(name: str) -> Path:
     packaged = PACKAGE_DATA / name
     return packaged if packaged.is_dir() else CHECKOUT / name
 
+
+def tool_commit() -> str:
+    """The tool's own commit: what the wheel recorded when it was built (``_data/commit``, written by setup.py from
+    the checkout it was built in), else the HEAD of the git checkout the package runs from (an editable install),
+    else "unknown". A package installed inside someone else's repository is not that repository's commit: the
+    checkout must be this package's own top level."""
+    import subprocess
+
+    recorded = PACKAGE_DATA / "commit"
+    if recorded.is_file():
+        return recorded.read_text(encoding="utf-8").strip() or "unknown"
+    try:
+        out = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "--show-toplevel", "HEAD"],
+                             capture_output=True, text=True, check=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out[1] if len(out) == 2 and Path(out[0]).resolve() == CHECKOUT.resolve() else "unknown"
+
 # What ``atomic_dir`` / ``replace_dir`` leave beside ``final`` while they run: ``.<name>.<kind>-<pid>-<random>``.
 # tmp: the new folder being written (or, after an exchange, the old one being deleted); old: the whole old folder,
 # renamed aside for a moment; del: the old folder being deleted.

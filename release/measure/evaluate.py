@@ -168,7 +168,8 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
                     "gemm_shapes": [] if gemms is None else sorted(gemms.shapes), "graphs": graphed})
                 if measure.peak_bytes is not None:  # before the actions: cached actions on a GPU have their figures
                     write_json(paths[i].with_suffix(PERF), {"seconds": measure.seconds, "peak_bytes":
-                                                            measure.peak_bytes, "device": device_name()})
+                                                            measure.peak_bytes, "device": device_name(),
+                                                            "graphs": graphed})
                 np.save(paths[i].with_suffix(".tmp.npy"), actions)
                 paths[i].with_suffix(".tmp.npy").replace(paths[i])
                 bars.advance(task)
@@ -217,8 +218,8 @@ def computation(request: EvalRequest, label: str, observations: list[Observation
 
 def performance(request: EvalRequest, label: str, observations: list[Observation],
                 seeds: list[int]) -> dict[str, Any] | None:
-    """The median latency and the peak GPU memory of the rollouts of ``label`` (None unless every one of them ran
-    on the same kind of GPU)."""
+    """The median latency and the peak GPU memory of the rollouts of ``label``, and whether every one replayed its
+    decoder stack as CUDA graphs (None unless every one of them ran on the same kind of GPU)."""
     paths = [p.with_suffix(PERF) for p in _rollout_paths(request, label, observations, seeds)]
     if not all(p.is_file() for p in paths):
         return None
@@ -227,7 +228,8 @@ def performance(request: EvalRequest, label: str, observations: list[Observation
         return None
     return {"device": records[0]["device"], "rollouts": len(records),
             "seconds_median": float(np.median([r["seconds"] for r in records])),
-            "peak_gib": max(r["peak_bytes"] for r in records) / 2**30}
+            "peak_gib": max(r["peak_bytes"] for r in records) / 2**30,
+            "graphs": all(r.get("graphs") is True for r in records)}  # a record without it: an eager rollout
 
 
 def _timing(path: Path) -> dict[str, Any]:

@@ -175,7 +175,7 @@ def read_computed(file: Path) -> dict[str, Any]:
 
 def read_speed(file: Path) -> dict[str, Any] | None:
     """The rollout latency and peak GPU memory that ``release eval`` on a GPU wrote beside the results ``file``,
-    BF16's and the build's (None when the rollouts ran on a CPU)."""
+    BF16's and the build's, and whether each ran as CUDA graphs (None when the rollouts ran on a CPU)."""
     path = file.with_suffix(PERF)
     if not path.is_file():
         return None
@@ -183,7 +183,8 @@ def read_speed(file: Path) -> dict[str, Any] | None:
     try:
         sides: dict[str, dict[str, Any]] = {
             side: {"device": str(doc[side]["device"]), "rollouts": int(doc[side]["rollouts"]),
-                   "seconds": float(doc[side]["seconds_median"]), "peak_gib": float(doc[side]["peak_gib"])}
+                   "seconds": float(doc[side]["seconds_median"]), "peak_gib": float(doc[side]["peak_gib"]),
+                   "graphs": doc[side].get("graphs") is True}
             for side in ("bf16", "build")}
     except (KeyError, TypeError, ValueError) as exc:
         raise ReleaseError(f"{path}: field {exc} is missing or not a number (each of 'bf16' and 'build' holds "

@@ -12,6 +12,7 @@ from release.check.report import REPORT_JSON, Report, after_verification, build_
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig, builds_dir
 from release.core.errors import GateError, ReleaseError
+from release.core.output import warning
 from release.measure.select import check_delivered, delivery, read_selection
 from release.publish.hashing import HashCache
 from release.publish.scan import secret_name, structured_secret
@@ -32,6 +33,8 @@ def gate_or_force(repo: str, verified: tuple[Report, str] | None, force: str | N
     if refusal and force is None:
         more = ", or pass --force REASON" if command == "push" else ""
         raise GateError(f"{command} refused: {refusal}; fix it{more}")
+    if refusal:  # forced past the gate: said on every run, also under -q (the commit message records the reason)
+        warning(f"{refusal}; {command} goes on under --force ({force})")
 
 
 def verified_builds(names: tuple[str, ...], dist: Path, force: str | None,

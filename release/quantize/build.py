@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +16,7 @@ from release import __version__
 from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig, builds_dir
 from release.core.errors import ReleaseError
-from release.core.io import CHECKOUT, atomic_dir, build_date, cache_dir, output_folder, sha256_file, write_json
+from release.core.io import atomic_dir, build_date, cache_dir, output_folder, sha256_file, tool_commit, write_json
 from release.core.output import console, progress, warning
 from release.core.profile import stage
 from release.inputs.observations import Observation, dataset_id, load_observations, observation_set_digest, split
@@ -181,15 +180,6 @@ class CalibrationData:
         return h.hexdigest()
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"], capture_output=True, text=True,
-                             check=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip()
-
-
 def _device_name() -> str:
     """Where the build ran, first word ``cpu`` or ``cuda``: verification recomputes the codes in its arithmetic."""
     from release.core.device import compute_device
@@ -296,7 +286,7 @@ class Builder:
                            and revision != request.release.base_revision,
                            "architecture": {k: self.config[k] for k in ("hidden_size", "num_hidden_layers")},
                            "license": source_license(request.source)},
-                "tool": {"name": "release", "version": __version__, "commit": _git_commit()},
+                "tool": {"name": "release", "version": __version__, "commit": tool_commit()},
                 "versions": {"modelopt": modelopt.__version__, "torch": torch.__version__,
                              "diffusers": diffusers.__version__, "python": platform.python_version()},
                 "device": _device_name(),

@@ -50,7 +50,8 @@ def _catalog(path: Path, lang: str) -> Catalog:
         with path.open("rb") as f:
             return read_po(f, locale=lang, abort_invalid=True)
     except (PoFileError, ValueError) as exc:  # ValueError: not in the catalog's charset
-        raise ReleaseError(f"{path}: not a valid catalog ({exc}); fix it, then run 'make i18n'") from exc
+        raise ReleaseError(f"{path}: not a valid catalog ({exc}); fix it (in a checkout of release, 'make i18n' "
+                           "checks it), or reinstall release") from exc
 
 
 class _Messages(Translations):
@@ -109,8 +110,8 @@ def check_catalog(lang: str) -> None:
             gaps.append(f"msgid {msgid!r} has an empty msgstr")
     if gaps:
         more = f" (and {len(gaps) - 1} more)" if len(gaps) > 1 else ""
-        raise ReleaseError(f"{_po(lang)}: {gaps[0]}{more}; the {lang} card would show English there: run "
-                           "'make i18n', translate it and remove any fuzzy flag")
+        raise ReleaseError(f"{_po(lang)}: {gaps[0]}{more}; the {lang} card would show English there: in a "
+                           "checkout of release run 'make i18n', translate it and remove any fuzzy flag")
 
 
 class Formatter:

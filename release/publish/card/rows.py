@@ -150,17 +150,30 @@ def check_statuses(report: dict[str, Any], path: Path, build: str) -> list[str]:
 
 
 def speed_lines(records: list[dict[str, Any]], f: Formatter, t: Any) -> list[str]:
-    """The rollout latency and peak GPU memory of this build beside BF16's, for each path measured on a GPU."""
+    """The rollout latency and peak GPU memory of this build beside BF16's, for each path measured on a GPU, and
+    how both ran: with the decoder stack as CUDA graphs (``release.inputs.graphs``: the same kernels), eager, or
+    one each way (then the sentence says the two do not compare like with like)."""
     lines = []
     for r in records:
         s = r.get("speed")
-        if s:
-            lines.append(t(_("Speed and memory ({where}, `{device}`): {seconds} s vs {bf16_seconds} s per rollout for "
-                             "BF16 (median of {n} rollouts each), peak GPU memory {gib} vs {bf16_gib} GiB.")).format(
-                where=where_label(r["path"], r["split"], t, [r]), device=s["build"]["device"],
-                seconds=f.num(s["build"]["seconds"], 2), bf16_seconds=f.num(s["bf16"]["seconds"], 2),
-                n=s["build"]["rollouts"], gib=f.num(s["build"]["peak_gib"], 1),
-                bf16_gib=f.num(s["bf16"]["peak_gib"], 1)))
+        if not s:
+            continue
+        figures = {"where": where_label(r["path"], r["split"], t, [r]), "device": s["build"]["device"],
+                   "seconds": f.num(s["build"]["seconds"], 2), "bf16_seconds": f.num(s["bf16"]["seconds"], 2),
+                   "n": s["build"]["rollouts"], "gib": f.num(s["build"]["peak_gib"], 1),
+                   "bf16_gib": f.num(s["bf16"]["peak_gib"], 1)}
+        graphs = {s[side].get("graphs", False) for side in ("bf16", "build")}
+        if graphs == {True}:
+            lines.append(t(_("Speed and memory ({where}, `{device}`, both with the decoder stack replayed as CUDA "
+                             "graphs): {seconds} s vs {bf16_seconds} s per rollout for BF16 (median of {n} rollouts "
+                             "each), peak GPU memory {gib} vs {bf16_gib} GiB.")).format(**figures))
+            continue
+        lines.append(t(_("Speed and memory ({where}, `{device}`): {seconds} s vs {bf16_seconds} s per rollout for "
+                         "BF16 (median of {n} rollouts each), peak GPU memory {gib} vs {bf16_gib} GiB.")).format(
+            **figures))
+        if len(graphs) == 2:
+            lines.append(t(_("One of the two ran with CUDA graphs and the other eagerly: these latencies do not "
+                             "compare like with like; rerun both with the same RELEASE_CUDA_GRAPHS.")))
     return lines
 
 
