@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from release.core.builds import load_build
+from release.core.builds import available_builds, load_build
 from release.core.config import BuildConfig
 from release.core.io import read_json
 
@@ -37,3 +37,8 @@ def external_builds(dist: Path) -> list[BuildConfig]:
         doc = read_json(meta, "external checkpoint", "release eval --external CHECKPOINT", ("name", "title"))
         out.append(as_external(external_name(str(doc["name"])), str(doc["title"])))
     return out
+
+
+def sweep_builds(dist: Path) -> list[BuildConfig]:
+    """Every build that may have results in ``dist``: each build file's, then the external checkpoints."""
+    return [*map(load_build, available_builds()), *external_builds(dist)]

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from release.core.config import Gate
 from release.measure.paired import ALPHA, min_observations, per_observation_mse
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile (Wilson)
@@ -315,6 +318,17 @@ def gate_failures(overall_sigma: float, gripper_changes: int, n_steps: int, limi
     if not gripper_changes <= change_rate * n_steps:
         failed.append("gripper_changes")
     return failed
+
+
+def gate_misses(record: Mapping[str, Any], limits: Gate) -> list[tuple[str, float, float]]:
+    """The criteria of its gate (``limits``, its build file's) that a tables.json record fails, each with the figure
+    and the limit it exceeds: ``("gripper_changes", 12, 5.12)`` (the gripper limit in changes: the rate times the
+    steps)."""
+    figures = {"overall_sigma": (record["overall_sigma"], limits.overall_sigma),
+               "gripper_changes": (record["gripper_changes"], limits.gripper_change_rate * record["n_steps"])}
+    return [(c, *figures[c]) for c in gate_failures(record["overall_sigma"], record["gripper_changes"],
+                                                     record["n_steps"], limits.overall_sigma,
+                                                     limits.gripper_change_rate)]
 
 
 def gate(summary: Summary, overall_sigma: float, change_rate: float) -> bool:

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from release.core.builds import available_builds, load_build, load_release
+from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, Gate, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, build_date, output_folder, read_json, write_json
-from release.measure.layout import PERF, RESULTS, YARDSTICKS, external_builds
+from release.measure.layout import PERF, RESULTS, YARDSTICKS, sweep_builds
 from release.measure.paired import (
     CORRECTION,
     EXACT_MAX_N,
@@ -43,7 +43,7 @@ from release.measure.stats import (
     concentration,
     decimals,
     gate,
-    gate_failures,
+    gate_misses,
     gate_within_noise,
     observation_counts,
     overall,
@@ -78,8 +78,7 @@ class TablesRequest:
                     raise ReleaseError(f"build {b.name!r} has no results in {dist / b.repo / RESULTS}; "
                                        f"run 'release eval {b.name}' first")
         else:
-            builds = [b for b in [*map(load_build, available_builds()), *external_builds(dist)]
-                      if (dist / b.repo / RESULTS).is_dir()]
+            builds = [b for b in sweep_builds(dist) if (dist / b.repo / RESULTS).is_dir()]
             if not builds:
                 raise ReleaseError(f"{dist}: no build has results; run 'release eval NAME' first")
         load_build(baseline)
@@ -230,8 +229,7 @@ def _mse(po: PerObservation) -> np.ndarray:
 def _families(request: TablesRequest, dims: int) -> dict[tuple[str, str], list[Result]]:
     """Each (path, split)'s family of comparisons with the baseline: every build of the dist with results there (the
     baseline aside), whichever builds the command names, since Holm's correction needs all their p-values."""
-    builds = {b.name: b for b in [*map(load_build, available_builds()), *external_builds(request.dist),
-                                  *request.builds]}
+    builds = {b.name: b for b in [*sweep_builds(request.dist), *request.builds]}
     families: dict[tuple[str, str], list[Result]] = {}
     for b in builds.values():
         if b.name != request.baseline and (request.dist / b.repo / RESULTS).is_dir():
@@ -422,12 +420,8 @@ def _gate(record: dict[str, Any], limits: Gate) -> str:
     """``pass``, or ``fail`` with each criterion missed and its limit (``overall 0.210 > 0.13``)."""
     if record["gate"]:
         return "pass"
-    allowed = limits.gripper_change_rate * record["n_steps"]
-    missed = gate_failures(record["overall_sigma"], record["gripper_changes"], record["n_steps"],
-                           limits.overall_sigma, limits.gripper_change_rate)
-    why = {"overall_sigma": f"overall {record['overall_sigma']:.3f} > {limits.overall_sigma:g}",
-           "gripper_changes": f"gripper changes {record['gripper_changes']} > {allowed:g}"}
-    return f"fail: {', '.join(why[m] for m in missed)}"
+    why = {"overall_sigma": "overall {:.3f} > {:g}", "gripper_changes": "gripper changes {} > {:g}"}
+    return f"fail: {', '.join(why[c].format(value, limit) for c, value, limit in gate_misses(record, limits))}"
 
 
 def _formatted(records: list[dict[str, Any]], gates: dict[str, Gate]) -> pd.DataFrame:

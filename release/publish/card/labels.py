@@ -43,7 +43,8 @@ FILE_KINDS = {"tool sidecar": _("tool sidecar files ({n})"), "documentation": _(
 HEADERS = {"overall": _("overall (sigma) [95% CI]"), "gripper": _("gripper agree [95% CI]"),
            "sigma": _("sigma [95% CI]"), "diff": _("vs baseline [95% CI]"),
            "plot": _("Overall action error of every build per path and split with 95% CIs, this build highlighted, "
-                     "on the gate's scale (left) and as the difference to the baseline (right).")}
+                     "on the gate's scale (left) and as the difference to the baseline (right); a result that fails "
+                     "its gate is an open marker, the criterion it misses written in red on the right.")}
 CORRECTED = {"diff": _("vs baseline, Holm-adjusted 95% CI (m = {m})"),
              "p": _("p, sign-flip, Holm-adjusted (m = {m})")}
 # What a card may say of a build against the baseline (tables.json's "diff_verdict", release/measure/paired.py).
@@ -184,6 +185,9 @@ NOT_DELIVERABLE = [
 ]
 TIE_BREAKS = {"gripper_agree": _("the higher gripper agreement"), "joint_mae_deg": _("the lower joint MAE")}
 GATE_CRITERIA = {"overall_sigma": _("overall"), "gripper_changes": _("gripper changes")}
+# The plot's note beside a result that fails its gate names the result's path and split briefly.
+PATH_SHORT = {"fakequant": _("fake quant"), "deployed": _("deployed"), "served": _("served")}
+SPLIT_SHORT = {"calibration": _("calibration labs"), "validation": _("held-out labs"), "all": _("all labs")}
 NOT_EVALUATED = {"no_build_file": _("not evaluated: no build file"),
                  "no_results": _("not evaluated on this path and split")}
 VERDICTS = {"always": _("This build is chosen in any case, as the reference: {rank}."),

@@ -1,4 +1,5 @@
-"""The forest plot of a card: every build's overall error with its interval, per path and split."""
+"""The forest plot of a card: every build's overall error with its interval, per path and split, and the results
+that fail their gate."""
 
 from __future__ import annotations
 
@@ -9,11 +10,21 @@ from typing import Any
 
 from babel.numbers import format_decimal
 
-from release.core.config import BuildConfig
+from release.core.config import BuildConfig, Gate, builds_dir
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write
+from release.measure.stats import gate_misses
 from release.publish.card.i18n import Formatter, _, translations
-from release.publish.card.labels import MEASURED, SPLIT_LABELS, baseline_name, build_label, where_label
+from release.publish.card.labels import (
+    GATE_CRITERIA,
+    MEASURED,
+    PATH_SHORT,
+    SPLIT_LABELS,
+    SPLIT_SHORT,
+    baseline_name,
+    build_label,
+    where_label,
+)
 from release.publish.card.rows import groups_of, in_group
 
 
@@ -41,6 +52,10 @@ def _use_hangul_font() -> None:
 PATH_COLOURS = {"fakequant": "tab:blue", "deployed": "tab:orange", "served": "tab:green", "yardstick": "tab:gray"}
 SPLIT_MARKERS = {"calibration": "o", "validation": "s", "all": "D"}
 HIGHLIGHT = "#fdeeb0"
+FAILED = "tab:red"  # the notes on the right of the results that fail their gate
+# a result that fails its gate: an open marker, edged in its path's colour
+FAILED_MARKER: dict[str, Any] = {"markerfacecolor": "white", "markeredgewidth": 1.5, "markersize": 5}
+NOTE_SIZE = 7.5  # points; a row is tall enough for a line per failing result
 
 
 def forest_rows(records: list[dict[str, Any]], t: Any) -> list[tuple[str, str]]:
@@ -54,12 +69,48 @@ def forest_rows(records: list[dict[str, Any]], t: Any) -> list[tuple[str, str]]:
     return [(b, labels[b]) for b in [*builds, *yardsticks]]
 
 
-def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path) -> None:
+def gate_notes(records: list[dict[str, Any]], gates: dict[str, Gate], f: Formatter, t: Any) -> dict[str, list[str]]:
+    """What the plot writes right of each build that fails its gate: a line per failing result (tables.json's
+    ``gate`` false, on any criterion), top down as the row draws them, with its path and split and each criterion
+    it misses, with the figure and the limit (``fake quant, calibration labs: gripper changes 9 > 5.12``).
+    ``gates``: each build's limits (its build file's; an external checkpoint's, RTN's). A failing result whose
+    limits miss nothing (its build file changed or went away since ``release tables``) is a one-line error."""
+    order = groups_of(records, MEASURED)
+    notes: dict[str, list[str]] = {}
+    for r in sorted((r for r in records if r.get("gate") is False),
+                    key=lambda r: (r["build"], order.index((r["path"], r["split"])))):
+        limits = gates.get(r["build"])
+        misses = gate_misses(r, limits) if limits is not None else []
+        if not misses:
+            raise ReleaseError(f"tables.json: the result of build {r['build']!r} on {r['path']}/{r['split']} fails "
+                               f"its gate, but the limits of {builds_dir() / (r['build'] + '.yaml')} say of no "
+                               "criterion that it fails (the tables are older than the build file); rerun "
+                               "'release tables'")
+        criteria = ", ".join(f"{t(GATE_CRITERIA[c])} {f.num(value, 3 if c == 'overall_sigma' else 0)} > "
+                             f"{format_decimal(limit, locale=f.lang)}" for c, value, limit in misses)
+        notes.setdefault(r["build"], []).append(f"{t(PATH_SHORT[r['path']])}, {t(SPLIT_SHORT[r['split']])}: "
+                                                f"{criteria}")
+    return notes
+
+
+def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, gates: dict[str, Gate], out: Path) -> None:
+    """Write :func:`forest_figure` as a PNG; everything drawn is sorted, so it is byte-stable for the same input."""
+    import matplotlib.pyplot as plt
+
+    fig = forest_figure(tables, build, lang, gates)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None})
+    plt.close(fig)
+    atomic_write(out, buf.getvalue())
+
+
+def forest_figure(tables: dict[str, Any], build: BuildConfig, lang: str, gates: dict[str, Gate]) -> Any:
     """This build's plot, labelled in ``lang``: every build's overall error with its 95% interval for each path and
     split (one colour per path, one marker per split), this build's row highlighted, the yardsticks below. The left
     panel is on the gate's scale (a log axis that holds the gate, the builds and the yardsticks); the right one is
     each build's difference to the baseline with the Holm-adjusted interval of tables.json, on a scale where
-    those intervals are visible. Everything drawn is sorted, so the PNG is byte-stable for the same input."""
+    those intervals are visible. A result that fails its gate (``gates``: each build's limits), on either
+    criterion, is an open marker in both panels, and :func:`gate_notes` are written in red right of its row."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,6 +125,7 @@ def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path
     f = Formatter(lang)
     records = tables["records"]
     rows = forest_rows(records, t)
+    notes = gate_notes(records, gates, f, t)
     y = {b: i for i, (b, _) in enumerate(rows)}
     measured = groups_of(records, MEASURED)
     yardstick = sorted({("yardstick", r["split"]) for r in records if r["path"] == "yardstick"},
@@ -83,8 +135,9 @@ def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path
     handles: list[Any] = [Line2D([], [], color=PATH_COLOURS[path], marker=SPLIT_MARKERS[split], linestyle="",
                                  label=where_label(path, split, t, in_group(records, path, split)))
                        for path, split in [*measured, *yardstick]]
-    legend_rows = math.ceil((len(handles) + 2) / 2)
-    height = 0.3 * len(rows) + 1.4 + 0.22 * legend_rows
+    legend_rows = math.ceil((len(handles) + 3) / 2)
+    row = max(0.3, NOTE_SIZE * 1.2 / 72 * max(map(len, notes.values()), default=1) + 0.05)  # inches
+    height = row * len(rows) + 1.4 + 0.22 * legend_rows
     fig, (gate_ax, diff_ax) = plt.subplots(1, 2, sharey=True, figsize=(13, height), dpi=100,
                                            gridspec_kw={"width_ratios": [3, 2]})
     for ax in (gate_ax, diff_ax):
@@ -95,7 +148,7 @@ def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path
     for r in records:
         at = y[r["build"]] + offsets[(r["path"], r["split"])]
         style = {"fmt": SPLIT_MARKERS[r["split"]], "color": PATH_COLOURS[r["path"]], "capsize": 2, "markersize": 4,
-                 "elinewidth": 1, "zorder": 3}
+                 "elinewidth": 1, "zorder": 3, **(FAILED_MARKER if r.get("gate") is False else {})}
         x = r["overall_sigma"]
         lo, hi = r["overall_ci"] or (x, x)  # no interval: too few observations
         gate_ax.errorbar(x, at, xerr=[[x - lo], [hi - x]], **style)
@@ -120,15 +173,19 @@ def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, out: Path
         if rows[i][0] == build.name:
             tick.set_fontweight("bold")
     gate_ax.invert_yaxis()
+    note_ax = diff_ax.secondary_yaxis("right")
+    note_ax.set_yticks(range(len(rows)), ["\n".join(notes.get(b, [])) for b, _ in rows], fontsize=NOTE_SIZE,
+                       color=FAILED)
+    note_ax.tick_params(axis="y", length=0)
     gate_ax.set_xlabel(t(_("overall action error (sigma, log scale) with 95% CI")), fontsize=9)
     diff_ax.set_xlabel(t(_("difference to {baseline} (sigma)\nwith its Holm-adjusted 95% CI")).format(
         baseline=baseline_name(tables).replace("`", "")), fontsize=9)
     handles += [Line2D([], [], color="tab:red", linestyle="--",
                        label=t(_("gate: overall <= {sigma} sigma")).format(sigma=f.num(build.gate.overall_sigma, 2))),
+                Line2D([], [], color="0.4", marker="o", linestyle="", **FAILED_MARKER,
+                       label=t(_("open: fails its gate (overall or gripper changes), the criterion missed in red "
+                                 "on the right"))),
                 Patch(color=HIGHLIGHT, label=t(_("this build")))]
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8.5, frameon=False)
     fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / height, 1, 1))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
-    atomic_write(out, buf.getvalue())
+    return fig
