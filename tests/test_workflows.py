@@ -236,6 +236,31 @@ def test_the_card_previews_options_are_refused_where_they_would_do_nothing(tmp_p
     assert not preview.exists()
 
 
+@pytest.mark.parametrize("command", [["card"], ["push", "--dry-run"]])
+def test_a_preview_never_replaces_a_folder_it_did_not_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            command: list[str]) -> None:
+    """--preview DIR is replaced whole: a folder holding a user's files, the current folder, a folder above it or a
+    link is refused before any work, and nothing in it changes; one that a previous preview wrote is fine."""
+    preview = tmp_path / "preview"
+    preview.mkdir()
+    (preview / "notes.txt").write_text("mine")
+    (preview / "comment.md").write_text("an earlier preview's")
+    monkeypatch.chdir(tmp_path)
+    for where, says in ((preview, "holds notes.txt, which this command did not write"),
+                        (Path("."), "the current folder or one above it"),
+                        (tmp_path.parent, "the current folder or one above it")):
+        result = invoke(*command, "--dist", tmp_path / "dist", "--preview", where)
+        assert result.exit_code == 2 and result.output.count("\n") == 1 and says in result.output, result.output
+    (tmp_path / "link").symlink_to(preview)
+    result = invoke(*command, "--dist", tmp_path / "dist", "--preview", tmp_path / "link")
+    assert result.exit_code == 2 and "a link; give a real folder" in result.output, result.output
+    assert sorted(p.name for p in preview.iterdir()) == ["comment.md", "notes.txt"]
+    assert (preview / "notes.txt").read_text() == "mine"
+    (preview / "notes.txt").unlink()  # what remains is an earlier preview's: past the check (then no dist)
+    result = invoke(*command, "--dist", tmp_path / "dist", "--preview", preview)
+    assert "did not write" not in result.output and "--preview" not in result.output.split("error:")[-1]
+
+
 def _diff(lines: int) -> str:
     """A README diff of ``lines`` changed lines, with a code block's fence among them."""
     body = [f"-old line {i} of the card" for i in range(lines)] + ["+```python"]

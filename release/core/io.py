@@ -283,6 +283,26 @@ def output_folder(path: Path, option: str = "--out") -> Path:
     return path
 
 
+def replaceable_folder(path: Path, option: str, ours: frozenset[str]) -> Path:
+    """An output folder that a command replaces whole (``atomic_dir``): it may be missing, empty, or hold only the
+    entries the command itself writes (``ours``: a previous run's). A folder holding anything else (a user's files),
+    or the current folder or one above it (which cannot be swapped), is a one-line error before any work."""
+    output_folder(path, option)
+    if not path.exists():
+        return path
+    if path.is_symlink():
+        raise ReleaseError(f"{option} {path}: a link; give a real folder (it is replaced whole)")
+    if path.resolve() in (Path.cwd().resolve(), *Path.cwd().resolve().parents):
+        raise ReleaseError(f"{option} {path}: the current folder or one above it, which this command would replace "
+                           f"whole; give a new folder, e.g. {option} preview")
+    others = sorted(p.name for p in path.iterdir() if p.name not in ours)
+    if others:
+        raise ReleaseError(f"{option} {path}: holds {', '.join(others[:3])}{' ...' if len(others) > 3 else ''}, "
+                           "which this command did not write, and it replaces the folder whole; give a new or empty "
+                           "folder")
+    return path
+
+
 CACHE_ENV = "RELEASE_CACHE"
 
 

@@ -15,13 +15,14 @@ from release.check.report import CARD_FILES, build_files, matches
 from release.core.builds import load_release
 from release.core.config import ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import atomic_dir, atomic_write, output_folder
+from release.core.io import atomic_dir, atomic_write, replaceable_folder
 from release.publish.plan import RepoPlan, hub_endpoint, human_size, remote_label, render_plan, repo_status
 from release.publish.request import PushRequest
 
 COMMENT_LIMIT = 65_536  # GitHub's limit on the body of a comment, in characters
 COMMENT_BUDGET = COMMENT_LIMIT - 1_024  # what --preview's comment.md may use: the rest is the posting job's link
 COMMENT_MARKER = "<!-- release-push-preview -->"  # the posting job updates the comment that starts with it
+CARD_PREVIEW = frozenset({"comment.md", "cards.diff", "cards"})  # what card --preview writes
 DIFF_FLOOR = 1_500  # the least room worth a diff inline: below it the comment points to the artifact instead
 
 
@@ -169,7 +170,7 @@ class CardPreviewRequest:
         if base is not None and not base.is_dir():
             raise ReleaseError(f"--base {base}: not a folder; give the dist whose cards the base commit rendered, or "
                                "leave --base out (the preview then lists the cards without a diff)")
-        return cls(load_release(), dist, base, output_folder(out, "--preview"), note)
+        return cls(load_release(), dist, base, replaceable_folder(out, "--preview", CARD_PREVIEW), note)
 
 
 @dataclass(frozen=True)

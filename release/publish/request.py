@@ -12,10 +12,12 @@ from release.check.report import Report
 from release.core.builds import RELEASE_NOTES, release_notes
 from release.core.config import BuildConfig, ReleaseConfig, hub_name
 from release.core.errors import ReleaseError
-from release.core.io import output_folder
+from release.core.io import replaceable_folder
 from release.publish.gate import verified_builds
 from release.publish.manifest import Lock, load_lock, locked_builds
 from release.publish.remotes import MAIN
+
+PUSH_PREVIEW = frozenset({"comment.md", "plan.md", "plan.json", "cards"})  # what push --dry-run --preview writes
 
 # a branch name git and the Hub accept: no '..', '//', '@{', leading '-' or '/', trailing '/' or '.lock'
 BRANCH = re.compile(r"(?!-|/|refs/)(?!.*(\.\.|//|@\{|/$|\.lock$|/\.))[A-Za-z0-9._/-]{1,200}")
@@ -67,7 +69,7 @@ class PushRequest:
         if preview is not None and not dry_run:
             raise ReleaseError(f"--preview {preview}: a preview of a plan, so only with --dry-run")
         if preview is not None:
-            output_folder(preview, "--preview")
+            replaceable_folder(preview, "--preview", PUSH_PREVIEW)
         if manifest is not None and not dry_run:
             raise ReleaseError(f"--from-manifest {manifest}: plans without the weights, so only with --dry-run; a "
                                "push reads the build folders (--dist)")
