@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -164,6 +165,13 @@ def test_second_build_reuses_calibration_and_is_identical(rtn_build: Path, tiny:
     assert all(build["start"] <= e["start"] and e["depth"] > build["depth"] for e in parts)
     assert all(e["start"] + e["seconds"] <= build["start"] + build["seconds"] + 1e-3 for e in parts)
     assert "release build: stages (cpu)" in result.output
+    # outside a terminal: the builds counted, each build's closing line with its parts' seconds, and its verification
+    seconds = r"\d+\.\d s"
+    said = [line for line in result.stderr.splitlines() if re.fullmatch(
+        rf"builds: 0/1|build rtn: 28 FP8 Linears written in {seconds} \(instantiate {seconds}, quantize {seconds}, "
+        rf"export {seconds}\)|verify rtn: 6 checks passed in {seconds} \(read the source {seconds}\)|builds: 1/1 in "
+        rf"{seconds}", line)]
+    assert [line.split(":")[0] for line in said] == ["builds", "build rtn", "verify rtn", "builds"]
 
 
 def test_the_reference_is_built_first_and_each_build_verified_as_it_is_made(tiny: Path, tmp_path: Path,

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from PIL import Image
 
-from release.inputs.fixture import content_revision, write_fixture
+from release.inputs.fixture import content_revision
 from release.inputs.observations import CALIBRATION_LABS, CAMERAS, HELDOUT_LABS, load_observations
 from release.inputs.source import check_architecture, read_headers
+from tests.conftest import invoke
 
 
 def test_layout(tiny: Path) -> None:
@@ -42,9 +44,17 @@ def test_real_architecture_names(tiny: Path) -> None:
 
 
 def test_deterministic_revision(tiny: Path, tmp_path: Path) -> None:
-    again = write_fixture(tmp_path / "again")
+    """... through the command, which says on stderr what it writes and, when done, each part's seconds."""
+    result = invoke("fixture", "tiny", "--out", tmp_path / "again")
+    assert result.exit_code == 0, result.output
+    again = json.loads((tmp_path / "again" / "source" / "fixture.json").read_text())
     recorded = json.loads((tiny / "source" / "fixture.json").read_text())["revision"]
     assert again["revision"] == recorded == content_revision(tiny / "source")
+    seconds = r"\d+\.\d s"
+    assert re.fullmatch(rf"fixture tiny: writing {re.escape(str(tmp_path / 'again'))}: source, 32 calibration and 16 "
+                        rf"held-out observations, reference\nfixture tiny: done in {seconds} \(source {seconds}, "
+                        rf"observations {seconds}, reference {seconds}\)\n", result.stderr)
+    assert result.stdout.startswith(f"source:       {tmp_path / 'again' / 'source'} (revision {recorded[:12]})")
     assert (tmp_path / "again/observations/observations.jsonl").read_bytes() == \
         (tiny / "observations/observations.jsonl").read_bytes()
 

@@ -41,6 +41,7 @@ from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, write_json
+from release.core.output import progress
 from release.core.profile import stage
 from release.inputs.fixture import fixture_reference
 from release.inputs.source import SourceModel, recalled_inputs, resolve_checkpoint, resolve_source
@@ -185,6 +186,14 @@ def render_markdown(request: VerifyRequest, checks: list[Check]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def counted(checks: list[Check]) -> str:
+    """The checks in a few words: ``6 checks passed``, or ``6 checks: 4 passed, 1 failed, 1 skipped``."""
+    counts = {status: sum(c.status == status for c in checks) for status in ("passed", "failed", "skipped")}
+    if counts["passed"] == len(checks):
+        return f"{len(checks)} checks passed"
+    return f"{len(checks)} checks: " + ", ".join(f"{n} {status}" for status, n in counts.items() if n)
+
+
 def summary_table(request: VerifyRequest, checks: list[Check]) -> Any:
     """A rich table of the checks, for the terminal."""
     from rich.table import Table
@@ -225,17 +234,19 @@ class Verifier:
 
     def __call__(self, request: VerifyRequest) -> bool:
         """Verify one build; True when no check failed (skipped ones are shown)."""
-        if request.source not in self.sources:
-            self.sources.clear()
-            problems: list[str] = []
-            with stage("verify: read the source"):
-                tensors = self._resident_state(request.source)
-                if tensors is None:
-                    tensors = read_tensors(request.source / "transformer", problems)
-            if not problems:
-                self.sources[request.source] = tensors
-        with stage(f"verify {request.build.name}"):
-            checks = verify(request, self.sources.get(request.source))
+        with progress(f"verify {request.build.name}") as bar:
+            if request.source not in self.sources:
+                self.sources.clear()
+                problems: list[str] = []
+                with bar.part("read the source"), stage("verify: read the source"):
+                    tensors = self._resident_state(request.source)
+                    if tensors is None:
+                        tensors = read_tensors(request.source / "transformer", problems)
+                if not problems:
+                    self.sources[request.source] = tensors
+            with stage(f"verify {request.build.name}"):
+                checks = verify(request, self.sources.get(request.source))
+            bar.result = counted(checks)
         self.console.print(summary_table(request, checks))
         return all(c.status != "failed" for c in checks)
 

@@ -20,6 +20,7 @@ import torch
 
 from release.core.errors import ReleaseError
 from release.core.io import atomic_dir, output_folder, read_json, sha256_file, write_json
+from release.core.output import info, progress
 from release.inputs.observations import LABS, write_observations
 from release.inputs.reference import REFERENCE_DIR, write_reference
 
@@ -131,14 +132,35 @@ def write_fixture(out: Path, size: str = "tiny", seed: int = 0, n_obs: int = 32,
                   heldout: int = 16) -> dict[str, str]:
     """Write ``out/source`` (checkpoint), ``out/observations`` (observation set) and, for the tiny size,
     ``out/reference`` (ModelOpt's own FP8 export of the source, :mod:`release.inputs.reference`); return their
-    paths."""
+    paths. It says what it writes, then each part's seconds once done."""
+    if output_folder(out).exists() and any(out.iterdir()):
+        raise ReleaseError(f"{out}: folder exists and is not empty; choose another --out or remove it")
+    _, vae_config, shard_size = SIZES[size]
+    reference = size == "tiny"  # the Nano's would take another GPU calibration and 16 GB
+    info(f"fixture {size}: writing {out}: source, {n_obs} calibration and {heldout} held-out observations"
+         f"{', reference' if reference else ''}")
+    with progress(f"fixture {size}") as bar, atomic_dir(out) as tmp:
+        with bar.part("source"):
+            src = _write_source(tmp / "source", size, seed, vae_config, shard_size)
+            revision = content_revision(src)
+        with bar.part("observations"):
+            write_observations(tmp / "observations", n=n_obs, seed=seed, labs=LABS, heldout=heldout)
+        record: dict[str, Any] = {"generator": f"release fixture {size}", "seed": seed, "revision": revision}
+        if reference:
+            with bar.part("reference"):
+                write_reference(tmp / REFERENCE_DIR, src, tmp / "observations", record["generator"], revision)
+            record["reference"] = f"../{REFERENCE_DIR}"
+        write_json(src / "fixture.json", record)
+    paths = {"source": str(out / "source"), "observations": str(out / "observations"), "revision": revision}
+    return {**paths, "reference": str(out / REFERENCE_DIR)} if reference else paths
+
+
+def _write_source(src: Path, size: str, seed: int, vae_config: dict[str, Any], shard_size: str) -> Path:
+    """The checkpoint at ``src``, in the diffusers folder layout with NVIDIA's root files."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler
 
     from release.inputs.policy import JointPositionPolicyPipeline, instruction_corpus
 
-    if output_folder(out).exists() and any(out.iterdir()):
-        raise ReleaseError(f"{out}: folder exists and is not empty; choose another --out or remove it")
-    _, vae_config, shard_size = SIZES[size]
     torch.manual_seed(seed)
     vae = AutoencoderKLWan(**vae_config).eval()
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
@@ -151,26 +173,16 @@ def write_fixture(out: Path, size: str = "tiny", seed: int = 0, n_obs: int = 32,
         scheduler=scheduler,
         enable_safety_checker=False,
     )
-    with atomic_dir(out) as tmp:
-        src = tmp / "source"
-        pipe.save_pretrained(src)
-        # Sharded explicitly: once ModelOpt has patched ModelMixin.save_pretrained (enable_huggingface_checkpointing),
-        # the pipeline no longer forwards max_shard_size to its components.
-        shutil.rmtree(src / "transformer")
-        on_cpu: Any = transformer.to("cpu")
-        on_cpu.save_pretrained(src / "transformer", max_shard_size=shard_size)
-        index = json.loads((src / "model_index.json").read_text())
-        write_json(src / "model_index.json", {**index, "_class_name": "Cosmos3OmniPipeline"})  # the base repo's class
-        _write_root_files(src)
-        revision = content_revision(src)
-        write_observations(tmp / "observations", n=n_obs, seed=seed, labs=LABS, heldout=heldout)
-        record: dict[str, Any] = {"generator": f"release fixture {size}", "seed": seed, "revision": revision}
-        if size == "tiny":  # the Nano's would take another GPU calibration and 16 GB
-            write_reference(tmp / REFERENCE_DIR, src, tmp / "observations", record["generator"], revision)
-            record["reference"] = f"../{REFERENCE_DIR}"
-        write_json(src / "fixture.json", record)
-    paths = {"source": str(out / "source"), "observations": str(out / "observations"), "revision": revision}
-    return {**paths, "reference": str(out / REFERENCE_DIR)} if "reference" in record else paths
+    pipe.save_pretrained(src)
+    # Sharded explicitly: once ModelOpt has patched ModelMixin.save_pretrained (enable_huggingface_checkpointing),
+    # the pipeline no longer forwards max_shard_size to its components.
+    shutil.rmtree(src / "transformer")
+    on_cpu: Any = transformer.to("cpu")
+    on_cpu.save_pretrained(src / "transformer", max_shard_size=shard_size)
+    index = json.loads((src / "model_index.json").read_text())
+    write_json(src / "model_index.json", {**index, "_class_name": "Cosmos3OmniPipeline"})  # the base repo's class
+    _write_root_files(src)
+    return src
 
 
 def fixture_reference(source: Path) -> Path | None:

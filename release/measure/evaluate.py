@@ -26,7 +26,7 @@ from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, read_json, write_json
-from release.core.output import progress
+from release.core.output import info, progress
 from release.core.profile import device_name, stage
 from release.inputs.observations import Observation, action_sigma, load_observations, observation_set_digest
 from release.inputs.source import recalled_inputs, resolve_source, source_revision
@@ -146,17 +146,19 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
     paths = _rollout_paths(request, label, observations, seeds)
     paths[0].parent.mkdir(parents=True, exist_ok=True)
     # a rollout cached without its record of how it ran (an older release eval) runs again
-    todo = world().share([i for i, p in enumerate(paths) if not (p.is_file() and p.with_suffix(HOW).is_file())])
+    missing = [i for i, p in enumerate(paths) if not (p.is_file() and p.with_suffix(HOW).is_file())]
+    todo = world().share(missing)
+    if not missing and world().main:
+        info(f"rollouts: {shown(label)}: {len(paths)} cached")
     if todo:
-        with stage("eval: load the policy"):
-            model = make_transformer()
-            pipe = load_pipeline(request.source, request.release.policy, transformer=model)
-        if model is None:
-            capturable(pipe.transformer)  # the BF16 source; a deployed build's maker marks its own
-        graphed = graph_decoder_stack(pipe.transformer) is not None
-        gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
-        with progress(transient=True) as bars:
-            task = bars.add_task(f"{world().tag}rollouts: {shown(label)}", total=len(todo))
+        with progress(f"{world().tag}rollouts: {shown(label)}", len(todo)) as bar:
+            with bar.part("load"), stage("eval: load the policy"):
+                model = make_transformer()
+                pipe = load_pipeline(request.source, request.release.policy, transformer=model)
+            if model is None:
+                capturable(pipe.transformer)  # the BF16 source; a deployed build's maker marks its own
+            graphed = graph_decoder_stack(pipe.transformer) is not None
+            gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
             for i in todo:
                 settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
                 if gemms is not None:
@@ -172,7 +174,7 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
                                                             "graphs": graphed})
                 np.save(paths[i].with_suffix(".tmp.npy"), actions)
                 paths[i].with_suffix(".tmp.npy").replace(paths[i])
-                bars.advance(task)
+                bar.advance()
         del pipe
         free_memory()  # before the next path's model is placed
     world().barrier()

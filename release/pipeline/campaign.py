@@ -29,7 +29,7 @@ from release.core.builds import load_build
 from release.core.config import BuildConfig, CampaignEval, builds_dir
 from release.core.errors import ReleaseError
 from release.core.io import read_json, write_json
-from release.core.output import console, progress
+from release.core.output import info, progress
 from release.core.profile import stage
 from release.inputs.fixture import fixture_reference
 from release.inputs.observations import observation_set_digest
@@ -148,7 +148,7 @@ def restore_checkpoints(request: CampaignRequest, builds: list[BuildConfig], jou
                                f"checked; run 'release build {build.name}' and 'release verify {build.name}'")
         recorded = loaded[0].manifest
         with stage(f"campaign: rebuild {build.name}"):
-            builder.make(build, observed, console)
+            builder.make(build, observed)
         files: list[str] = entry["dropped"]
         rebuilt = file_manifest(staging / build.repo, files)
         for rel in files:
@@ -163,7 +163,7 @@ def restore_checkpoints(request: CampaignRequest, builds: list[BuildConfig], jou
             os.replace(staging / build.repo / rel, folder / rel)
         del entry["dropped"]
         journal.save()
-        console.print(f"  {build.name}: rebuilt, its {len(files)} weight files equal the verified bytes, put back")
+        info(f"  {build.name}: rebuilt, its {len(files)} weight files equal the verified bytes, put back")
     shutil.rmtree(staging)
 
 
@@ -222,14 +222,13 @@ def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
     # the verification reference first (the order of 'release build --all'); each build made and checked in turn
     builds = sorted(b.builds, key=lambda x: x.name != REFERENCE_BUILD)
     observed = ObserverPasses(x.calibrator for x in builds if observes_source(x))
-    with progress() as bars:
-        task = bars.add_task("campaign: builds", total=len(builds))
+    with progress("campaign: builds", len(builds)) as bar:
         for build in builds:
             entry, folder = journal.entry(build), dist / build.repo
             if "verified" not in entry:
                 if not _built(folder, build, b.identity.revision):
                     builder = builder or Builder.prepare(b)
-                    builder.make(build, observed, bars.console)
+                    builder.make(build, observed)
                 verifier = verifier or Verifier(builder.source if builder is not None else None)
                 entry["verified"] = verifier(VerifyRequest.create(build.name, dist, None, b.source, b.observations,
                                                                   require_reference=False))
@@ -241,7 +240,7 @@ def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
             ok &= entry["verified"]
             if (build.name not in kept or not entry["verified"]) and not request.keep_checkpoints:
                 drop_checkpoint(folder, entry, journal)
-            bars.advance(task)
+            bar.advance()
     del builder, verifier
     remember_inputs(dist, b.source, b.observations)  # verify and eval on this dist find them without the options
     run_tables(TablesRequest.create((), dist, None, request.baseline, request.resamples))

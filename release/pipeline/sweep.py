@@ -32,16 +32,15 @@ def run_builds(request: BuildRequest) -> bool:
 
     mine = world().share(builds)
     observed = ObserverPasses(b.calibrator for b in mine if observes_source(b))
-    with progress() as bars:
-        task = bars.add_task(f"{world().tag}builds", total=len(mine))
+    with progress(f"{world().tag}builds", len(mine)) as bar:
         for build in mine:
-            builder.make(build, observed, bars.console)
+            builder.make(build, observed)
             reference_ready |= build.name == REFERENCE_BUILD
             if reference_ready:
                 ok &= verifier(verification(build))
             else:
                 later.append(build)
-            bars.advance(task)
+            bar.advance()
     world().barrier()  # the RTN build, the others' reference, is in place
     for build in later:
         ok &= verifier(verification(build))

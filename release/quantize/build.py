@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from rich.console import Console
 
 from release import __version__
 from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig, builds_dir
 from release.core.errors import ReleaseError
 from release.core.io import atomic_dir, build_date, cache_dir, output_folder, sha256_file, tool_commit, write_json
-from release.core.output import console, progress, warning
+from release.core.output import info, progress, warning
 from release.core.profile import stage
 from release.inputs.observations import Observation, dataset_id, load_observations, observation_set_digest, split
 from release.inputs.source import (
@@ -94,11 +93,10 @@ def capture_calibration(request: BuildRequest, observations: list[Observation],
     if todo:
         from release.inputs.source import check_finite
 
-        with stage("capture: load the BF16 policy"):
-            pipe = load_pipeline(request.source, request.release.policy)
-            check_finite(pipe.transformer, request.source)
-        with progress() as bars:
-            task = bars.add_task(f"{world().tag}capturing calibration calls", total=len(todo))
+        with progress(f"{world().tag}capturing calibration calls", len(todo)) as bar:
+            with bar.part("load"), stage("capture: load the BF16 policy"):
+                pipe = load_pipeline(request.source, request.release.policy)
+                check_finite(pipe.transformer, request.source)
             for obs in todo:
                 calls: list[dict[str, Any]] = []
                 with stage("capture: rollouts"), capture_calls(pipe.transformer, calls.append):
@@ -106,7 +104,7 @@ def capture_calibration(request: BuildRequest, observations: list[Observation],
                 path = folder / f"obs-{obs.obs_id:05d}.pt"
                 torch.save(calls, path.with_suffix(".tmp"))
                 os.replace(path.with_suffix(".tmp"), path)
-                bars.advance(task)
+                bar.advance()
         from release.core.memory import cap
 
         if compute_device() == "cuda" and cap() is None:
@@ -228,8 +226,8 @@ class Builder:
         for build in request.builds:  # every build's data is checked before the first one is made
             data.calibration_calls(build), data.algorithm_calls(build)
         identity, release = request.identity, request.release  # said once the inputs and the capture are checked
-        console.print(f"source: {request.source} ({identity.repo + ' at ' if identity.repo else ''}"
-                      f"{identity.origin} {identity.revision[:12]})")
+        info(f"source: {request.source} ({identity.repo + ' at ' if identity.repo else ''}{identity.origin} "
+             f"{identity.revision[:12]})")
         if identity.is_commit and identity.revision != release.base_revision:  # allowed, or create had refused
             warning(f"the source is not base_revision {release.base_revision[:12]} of release.yaml "
                     "(--allow-revision-mismatch): provenance and cards say so")
@@ -240,7 +238,7 @@ class Builder:
                 free_memory()
         return cls(request, config, calibration, data, source, device, extensions)
 
-    def make(self, build: BuildConfig, observed: ObserverPasses, console: Console) -> Path:
+    def make(self, build: BuildConfig, observed: ObserverPasses) -> Path:
         """Quantize, export and record the provenance of one build, atomically into its folder."""
         import diffusers
         import modelopt
@@ -250,19 +248,19 @@ class Builder:
         from release.quantize.recipes import changes_weights, max_weight_error, quantize, steps
 
         request, data, source, device = self.request, self.data, self.source, self.device
-        self.extensions.wait(console)
+        self.extensions.wait()
         revision = request.identity.revision
         calls, algorithm = data.calibration_calls(build), data.algorithm_calls(build)
         final = request.out / build.repo
-        console.print(f"[bold]build {build.name}[/] ({'+'.join(build.recipe)}, {build.scheme}, "
-                      f"{build.calibrator.method}) -> {final}")
-        with atomic_dir(final) as tmp, stage(f"build {build.name}"):
-            with stage("instantiate the BF16 transformer"):
+        info(f"build {build.name} ({'+'.join(build.recipe)}, {build.scheme}, {build.calibrator.method}) -> {final}")
+        with progress(f"build {build.name}") as bar, atomic_dir(final) as tmp, stage(f"build {build.name}"):
+            with bar.part("instantiate"), stage("instantiate the BF16 transformer"):
                 on_device = [[map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm)]
                 model = source.instantiate(device)
-            with stage("quantize (recipe, calibration)"):
+            with bar.part("quantize"), stage("quantize (recipe, calibration)"):
                 quantized = quantize(model, build, on_device[0], on_device[1], observed, source.state)
-            exported = export_build(quantized, build, source, on_device[0][0], tmp, _build_files(build))
+            with bar.part("export"):
+                exported = export_build(quantized, build, source, on_device[0][0], tmp, _build_files(build))
             uses_data = build.needs_algorithm_data
             write_json(tmp / "provenance.json", {
                 "build": build.name,
@@ -304,5 +302,5 @@ class Builder:
                 "date": build_date(),
             })
             del quantized, on_device, model
-        console.print(f"  {exported['quantized_linears']} FP8 Linears written")
+            bar.result = f"{exported['quantized_linears']} FP8 Linears written"
         return final

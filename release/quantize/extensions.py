@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 
-from rich.console import Console
+from release.core.output import info
 
 
 def _compile() -> None:
@@ -26,11 +26,11 @@ class ExtensionBuild:
         if self.thread is not None:
             self.thread.start()
 
-    def wait(self, console: Console) -> None:
+    def wait(self) -> None:
         if self.thread is None:
             return
         if self.thread.is_alive():
-            console.print("waiting for ModelOpt's CUDA extensions to finish compiling (once per machine; torch "
-                          "caches them in ~/.cache/torch_extensions)")
+            info("waiting for ModelOpt's CUDA extensions to finish compiling (once per machine; torch caches them "
+                 "in ~/.cache/torch_extensions)")
         self.thread.join()
         self.thread = None
