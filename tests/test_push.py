@@ -12,7 +12,7 @@ from click.testing import Result
 
 from release.core.builds import release_notes
 from release.core.errors import ReleaseError
-from tests.conftest import HUB_TOKEN, choose, invoke
+from tests.conftest import CARD_DATA, HUB_TOKEN, choose, invoke
 from tests.hub_server import FakeHub
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -20,9 +20,13 @@ pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationW
 
 
 def add_card(folder: Path, text: str = "---\nlicense: other\n---\n# card\n") -> None:
-    """The files `release card` writes after verification (a push needs README.md and LICENSE)."""
+    """The files `release card` writes after verification (a push needs README.md and LICENSE), and the tables it
+    makes them from when the dist has none (the card data's, with results for rtn, sq_auto and rtn_mavg: a push
+    publishes evaluated builds only)."""
     (folder / "README.md").write_text(text)
     (folder / "LICENSE").write_text("OpenMDW License 1.1\n")
+    if not (folder.parent / "tables").exists():
+        shutil.copytree(CARD_DATA / "tables", folder.parent / "tables")
 
 
 @pytest.fixture

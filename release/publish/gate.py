@@ -13,7 +13,8 @@ from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig, builds_dir
 from release.core.errors import GateError, ReleaseError
 from release.core.output import warning
-from release.measure.select import check_delivered, delivery, read_selection
+from release.measure.select import TABLES, check_delivered, delivery, read_selection, read_tables_doc
+from release.publish.evaluated import leave_out, require_evaluated
 from release.publish.hashing import HashCache
 from release.publish.scan import secret_name, structured_secret
 
@@ -41,10 +42,12 @@ def verified_builds(names: tuple[str, ...], dist: Path, force: str | None,
                     command: str) -> tuple[ReleaseConfig, list[BuildConfig], Reports]:
     """The named builds (default: the builds the release delivers, as its selection in ``dist`` chose, that are
     built there), each delivered, deliverable, with its verification report, past the gate (unless ``force``;
-    ``command`` is named in the refusal) and with its card."""
+    ``command`` is named in the refusal), with results in tables.json and with its card. Without names, each other
+    build of the release's ``repos`` built there that has no results is named on stderr as left out."""
     release = load_release()
     have = delivery(release, read_selection(dist))
-    wanted = list(names) or [n for n in have.builds if (dist / release.repos[n]).is_dir()]
+    built = [n for n, repo in release.repos.items() if (dist / repo).is_dir()]
+    wanted = list(names) or [n for n in have.builds if n in built]
     if not wanted:
         raise ReleaseError(f"{dist}: none of the builds the release delivers ({', '.join(have.builds) or 'none'}) is "
                            "built there; run 'release build NAME' (and 'release select', which chooses them)")
@@ -58,10 +61,16 @@ def verified_builds(names: tuple[str, ...], dist: Path, force: str | None,
             raise ReleaseError(f"{folder}: missing; run 'release build {b.name}' first")
         verified = reports[b.name] = load_report(folder, b.name)
         gate_or_force(b.repo, verified, force, command)
+    tables = read_tables_doc(dist / TABLES)
+    require_evaluated(wanted, tables)  # named or delivered: published only once evaluated, whatever its card says
+    for b in builds:
         for name in ("README.md", "LICENSE"):
-            if not (folder / name).is_file():
-                raise ReleaseError(f"{folder / name}: missing; a repo is published with its card and license: "
+            if not (dist / b.repo / name).is_file():
+                raise ReleaseError(f"{dist / b.repo / name}: missing; a repo is published with its card and license: "
                                    f"run 'release card {b.name}' first")
+    if not names:
+        leave_out([n for n in built if n not in wanted], tables, dist / TABLES,
+                  " and 'release select' (the release delivers it if chosen)")
     return release, builds, reports
 
 

@@ -5,8 +5,9 @@ The 15.7B release cannot be rebuilt in CI. After a real build (verified, evaluat
 storage (LFS or git) and, for files under the LFS threshold, the git blob sha1 (the hash the Hub shows for a file it
 stores in git); and the small sidecars the cards are made from: each sibling's ``provenance.json`` and
 ``verification/report.json``, ``tables/tables.json``, ``selection.json`` and the ``provenance.json`` of every other
-build of the sweep (the cards compare their codes). The files pass the checks of a push first (verified bytes, no
-secrets). The manifest is deterministic (sorted keys and paths, no dates) and written atomically.
+build of the sweep (the cards compare their codes). The files pass the checks of a push first (verified bytes,
+results in tables.json, no secrets). The manifest is deterministic (sorted keys and paths, no dates) and written
+atomically.
 
 ``release push --dry-run --from-manifest release.lock.json`` stages the sidecars in a temporary folder, renders the
 cards there with the checkout's templates and build files, and plans each sibling against the remote: the rendered
@@ -34,7 +35,7 @@ from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BUILD_NAME, BuildConfig, ReleaseConfig, builds_dir, hub_name
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, output_folder, write_json
-from release.measure.select import SELECTION, TABLES, SelectionDoc, check_delivered, delivery, read_tables_doc
+from release.measure.select import SELECTION, TABLES, SelectionDoc, check_delivered, delivery
 from release.publish.gate import (
     Reports,
     check_verified,
@@ -295,8 +296,7 @@ class ManifestRequest:
     @classmethod
     def create(cls, names: tuple[str, ...], dist: Path, out: Path) -> ManifestRequest:
         output_folder(out.parent, "--out")
-        release, builds, reports = verified_builds(names, dist, None, "manifest")  # verified builds only
-        read_tables_doc(dist / TABLES)  # the cards of a preview are made from it
+        release, builds, reports = verified_builds(names, dist, None, "manifest")  # verified and evaluated only
         return cls(release, builds, reports, dist, out)
 
 

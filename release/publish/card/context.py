@@ -13,7 +13,6 @@ from huggingface_hub import ModelCardData
 from release.check.report import INDEPENDENT
 from release.core.builds import available_builds, load_build
 from release.core.config import BuildConfig, ReleaseConfig
-from release.core.errors import ReleaseError
 from release.core.io import read_json
 from release.measure.paired import min_observations
 from release.measure.select import Candidate, Delivery, SelectionDoc
@@ -59,6 +58,7 @@ from release.publish.card.sections import (
     scheme_rows,
     setup_rows,
 )
+from release.publish.evaluated import not_evaluated
 
 # what the card reads from provenance.json ('release build')
 PROVENANCE_FIELDS = ("source", "tool", "versions", "device", "calibration", "config_sha256", "quantized_linears",
@@ -135,8 +135,7 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
     independent = kind == INDEPENDENT  # only a checkpoint this tool did not make backs "as in NVIDIA's"
     mine = [r for r in all_records if r["build"] == build.name]
     if not mine:
-        raise ReleaseError(f"tables.json has no results for build {build.name!r}; run 'release eval {build.name}' "
-                           "and 'release tables' first")
+        raise not_evaluated(build.name)
     baseline = [r for r in all_records if r["build"] == tables.get("baseline", "rtn") and r["build"] != build.name]
     yardsticks = [r for r in all_records if r["path"] == "yardstick"]
     date = dt.datetime.fromisoformat(prov["date"]).date()

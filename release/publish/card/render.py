@@ -20,6 +20,7 @@ from release.publish.card.context import card_context, card_metadata, sweep_prov
 from release.publish.card.i18n import check_catalog, render_template, supported_languages, translations
 from release.publish.card.labels import titled
 from release.publish.card.plot import forest_plot
+from release.publish.evaluated import leave_out
 
 LICENSE_TEXT = "{name}: see {link}\n"  # only when the source has no LICENSE file
 
@@ -31,6 +32,7 @@ class CardRequest:
     dist: Path
     langs: list[str]
     check: bool
+    tables: dict[str, Any]  # tables.json: every card is made from it
 
     @classmethod
     def create(cls, names: tuple[str, ...], dist: Path, lang: str, check: bool = False) -> CardRequest:
@@ -44,10 +46,24 @@ class CardRequest:
         for code in langs:
             check_catalog(code)
         release = load_release()
-        wanted = list(names) or [n for n in available_builds() if (dist / load_build(n).repo).is_dir()]
-        if not wanted:
+        built = [] if names else [n for n in available_builds() if (dist / load_build(n).repo).is_dir()]
+        if not names and not built:
             raise ReleaseError(f"{dist}: no built repos to document; run 'release build NAME' first")
-        return cls(release, [load_build(n) for n in wanted], dist, langs, check)
+        tables = _card_tables(dist)
+        wanted = list(names) or leave_out(built, tables, dist / TABLES)  # a named one without results: an error
+        if not wanted:
+            raise ReleaseError(f"{dist / TABLES}: no results for any built repo ({', '.join(built)}); run 'release "
+                               "eval NAME' then 'release tables'")
+        return cls(release, [load_build(n) for n in wanted], dist, langs, check, tables)
+
+
+def _card_tables(dist: Path) -> dict[str, Any]:
+    """``tables.json`` of ``dist``, made by a 'release tables' that records the method of its comparisons."""
+    tables = read_tables_doc(dist / TABLES)
+    if "method" not in tables:  # its comparisons carry no verdict: the cards would have nothing they may state
+        raise ReleaseError(f"{dist / TABLES}: made by an older 'release tables' (no 'method': its paired "
+                           "differences carry no sign-flip test or verdict); run 'release tables' again")
+    return tables
 
 
 def render_card(release: ReleaseConfig, build: BuildConfig, folder: Path, tables: dict[str, Any],
@@ -97,10 +113,7 @@ def card_files(request: CardRequest, localized: dict[str, dict[str, Any]], selec
 
 def render_cards(request: CardRequest) -> list[Path]:
     """The card files of each build (with --check: rendered, not written) and, written, its forest plots."""
-    tables = read_tables_doc(request.dist / TABLES)
-    if "method" not in tables:  # its comparisons carry no verdict: the cards would have nothing they may state
-        raise ReleaseError(f"{request.dist / TABLES}: made by an older 'release tables' (no 'method': its paired "
-                           "differences carry no sign-flip test or verdict); run 'release tables' again")
+    tables = request.tables
     selection = read_selection(request.dist)
     have = delivery(request.release, selection)  # refuses an override that contradicts nothing
     localized = {lang: {**tables, "records": marked(titled(tables["records"], lang, translations(lang).gettext), have)}
