@@ -8,7 +8,8 @@
 # - without one: the cards this checkout renders from the committed card inputs (tests/data/cards/), diffed against
 #   the cards the base commit (BASE_SHA) renders from its own inputs with its own code (cards.diff, cards/). No Hub
 #   plan: those inputs are the tests' data, not a release's results, and must not be planned against the live repos.
-# When the command fails, comment.md says so.
+# When the command fails, comment.md says so. OUT is replaced whole, so it must be new, empty, or this script's
+# previous artifact (it holds pr-number).
 set -euo pipefail
 out=${1:?usage: preview.sh OUT (with PR_NUMBER set, and BASE_SHA for the card diff)}
 lock=release.lock.json
@@ -24,13 +25,18 @@ if [[ ! "${BASE_SHA:-}" =~ ^([0-9a-f]{40}|[0-9a-f]{64})?$ ]]; then
 fi
 unset HF_TOKEN HUGGING_FACE_HUB_TOKEN
 export HF_HUB_DISABLE_IMPLICIT_TOKEN=1 HF_HUB_DISABLE_TELEMETRY=1
+if [[ -L "$out" || ( -e "$out" && ! -f "$out/pr-number" && -n "$(ls -A "$out" 2> /dev/null || echo x)" ) ]]; then
+  echo "error: $out: not a preview this script wrote (no pr-number in it), and it is replaced whole; give a new folder" >&2
+  exit 2
+fi
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
+art="$scratch/artifact"  # the release command writes here; the artifact replaces OUT once complete
 
 if [[ -f "$lock" ]]; then
   what="release push --dry-run --from-manifest $lock"
   # the org is release.yaml's; --retag: a change to a published version shows as a tag move instead of failing
-  command=(release push --dry-run --from-manifest "$lock" --retag --preview "$out")
+  command=(release push --dry-run --from-manifest "$lock" --retag --preview "$art")
 else
   what="release card --dist $inputs"
   if [[ -d "$inputs" ]]; then cp -R "$inputs" "$scratch/head"; fi  # else 'release card' fails, and says why
@@ -59,16 +65,17 @@ else
         "$scratch/base-errors" | cut -c 1-300 || true)), so there is nothing to compare with."
     fi
   fi
-  command=(release card --dist "$scratch/head" --preview "$out" "${base[@]}" --note "$note")
+  command=(release card --dist "$scratch/head" --preview "$art" "${base[@]}" --note "$note")
 fi
 status=0
 "${command[@]}" > /dev/null 2> "$scratch/errors" || status=$?
 cat "$scratch/errors" >&2
 if [[ "$status" -ne 0 ]]; then
-  mkdir -p "$out"
+  rm -rf "$art" && mkdir "$art"
   { printf '%s\n### Release preview failed\n\n`%s` exited with %s:\n\n```\n' "$marker" "$what" "$status"
     grep '^error: ' "$scratch/errors" | head -n 5 | cut -c 1-2000
-    printf '```\n'; } > "$out/comment.md"
+    printf '```\n'; } > "$art/comment.md"
 fi
-printf '%s\n' "$PR_NUMBER" > "$out/pr-number"
+printf '%s\n' "$PR_NUMBER" > "$art/pr-number"
+rm -rf "$out" && mv "$art" "$out"
 exit "$status"
