@@ -443,9 +443,12 @@ def test_source_date_epoch_must_be_seconds(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1796004000")
     assert build_date() == "2026-11-30T02:00:00+00:00"
-    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
-    with pytest.raises(ReleaseError, match="SOURCE_DATE_EPOCH"):
-        build_date()
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "253402300799")
+    assert build_date() == "9999-12-31T23:59:59+00:00"
+    for bad in ("yesterday", "99999999999999999999", "253402300800", "-1", "1e9", "\u00b2"):
+        monkeypatch.setenv("SOURCE_DATE_EPOCH", bad)
+        with pytest.raises(ReleaseError, match="SOURCE_DATE_EPOCH.*up to 253402300799"):
+            build_date()
 
 
 def test_profile_target_that_is_a_folder_is_refused_before_any_work(tmp_path: Path,

@@ -220,6 +220,28 @@ def test_bad_datasets_are_one_line_errors(dataset: Path, tmp_path: Path, edit: s
     assert not (tmp_path / "obs").exists()
 
 
+@pytest.mark.parametrize(("column", "value", "message"), [
+    ("observation.state", [float("nan")] + [0.0] * 7, "field 'state' holds NaN or Infinity"),
+    ("observation.state", [0.0] * 7 + [1.5], "the gripper (last value) is 1.5"),
+    ("language_instruction", "pick " * 600, "field 'instruction' is 3,000 characters long"),
+])
+def test_frames_the_observation_set_would_refuse_are_refused_at_import(dataset: Path, tmp_path: Path, column: str,
+                                                                       value: Any, message: str) -> None:
+    """A NaN or out-of-range state, or an instruction far longer than a task description, is named at import with
+    its episode and frame (it was written, and refused only by the build)."""
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    for data in (copy / "data").rglob("*.parquet"):
+        table = pd.read_parquet(data)
+        table[column] = [value] * len(table)
+        table.to_parquet(data)
+    result = invoke("observations", "import-lerobot", copy, "--out", tmp_path / "obs", "--labs", "TRI")
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert result.output.startswith(f"error: {copy}: episode ") and " frame " in result.output
+    assert message in result.output, result.output
+    assert not (tmp_path / "obs").exists()
+
+
 def test_labs_and_frame_counts_are_checked(dataset: Path, tmp_path: Path) -> None:
     with pytest.raises(ReleaseError, match=r"lab 'IPRL' is not in the dataset \(its labs, field 'building': "
                                            r"AUTOLab, TRI\)"):

@@ -215,6 +215,16 @@ def test_missing_or_corrupt_tables_are_one_line_errors(builds: Path, tmp_path: P
     del broken["gate"]
     tables(tmp_path, [broken])
     _fails(tmp_path, "field 'gate' is None: must be true or false")
+    for field, value, why in (("overall_sigma", -1.0, "greater than or equal to 0"),
+                              ("overall_sigma", "nan", "finite number"), ("gripper_agree", "nan", "finite number"),
+                              ("gripper_agree", 1.5, "less than or equal to 1"), ("joint_mae_deg", -0.5, "greater"),
+                              ("gripper_ci", [0.9, float("inf")], "finite number"), ("n_obs", 0, "greater"),
+                              ("gripper_changes", -1, "greater")):
+        broken = record("rtn_mavg", 0.1)
+        broken[field] = value
+        tables(tmp_path, [broken])  # a figure out of its range is refused, never ranked nor written as NaN
+        _fails(tmp_path, f"the record of build 'rtn_mavg' (fakequant, calibration): field '{field}' is {value!r}", why)
+        assert not (tmp_path / "selection.json").exists()
 
 
 def test_a_gate_older_than_the_build_file_is_refused(builds: Path, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import Result
 from safetensors.torch import load_file, save_file
 
 from release.check.report import after_verification
@@ -18,9 +19,13 @@ from tests.conftest import invoke
 INDEX = "diffusion_pytorch_model.safetensors.index.json"
 
 
+def _verify_result(folder: Path, reference: Path, tiny: Path, *args: str) -> Result:
+    return invoke("verify", "rtn", "--dist", folder.parent, "--reference", reference, "--source", tiny / "source",
+                  "--observations", tiny / "observations", *args)
+
+
 def _verify(folder: Path, reference: Path, tiny: Path) -> tuple[int, dict]:
-    result = invoke("verify", "rtn", "--dist", folder.parent, "--reference", reference, "--source",
-                    tiny / "source", "--observations", tiny / "observations")
+    result = _verify_result(folder, reference, tiny)
     report = json.loads((folder / "verification" / "report.json").read_text())
     return result.exit_code, report
 
@@ -156,6 +161,26 @@ def test_damage_fails_the_gate(damage: Callable[[Path], None], check: str, messa
     refused = invoke("push", "--dist", folder.parent, "--dry-run")
     assert refused.exit_code == 1 and "push refused: Cosmos3-Nano-Policy-DROID-FP8 failed verification" in \
         refused.output
+
+
+def test_verify_format_json_prints_each_builds_checks_alone_on_stdout(rtn_build: Path, tiny: Path,
+                                                                      tmp_path: Path) -> None:
+    """--format json: one document on stdout (no tables), the exit status as without it, the report's checks."""
+    folder = tmp_path / "dist" / rtn_build.name
+    shutil.copytree(rtn_build, folder)
+    for damaged in (False, True):
+        if damaged:
+            _changed_code(folder)
+        result = _verify_result(folder, rtn_build, tiny, "--format", "json")
+        assert result.exit_code == (1 if damaged else 0), result.output
+        doc = json.loads(result.stdout)
+        report = json.loads((folder / "verification" / "report.json").read_text())
+        [build] = doc["builds"]
+        assert doc["passed"] is build["passed"] is (not damaged) and build["build"] == "rtn"
+        assert build["repo"] == rtn_build.name and build["report"] == str(folder / "verification" / "report.json")
+        assert build["checks"] == [{k: c[k] for k in ("name", "status", "summary")} for c in report["checks"]]
+        failed = [c["name"] for c in build["checks"] if c["status"] == "failed"]
+        assert ("values" in failed) is damaged and bool(failed) is damaged
 
 
 def test_push_refuses_an_unverified_build(rtn_build: Path, tmp_path: Path) -> None:

@@ -215,10 +215,12 @@ class Verifier:
     of copying the files' tensors to the GPU for every build. The comparison starts at once, in a thread, so that it
     runs while the first build is made (5 s of a Nano build on an H200, BENCHMARKS.md)."""
 
-    def __init__(self, source: SourceModel | None = None) -> None:
+    def __init__(self, source: SourceModel | None = None, tables: bool = True) -> None:
         from rich.console import Console
 
         self.console = Console(width=160)
+        self.tables = tables  # False (verify --format json): no summary tables, the results kept in ``results``
+        self.results: list[dict[str, Any]] = []
         self.sources: dict[Path, dict[str, torch.Tensor]] = {}
         self.resident = source if source is not None and source.resident else None
         self.compared: Future[bool] | None = None
@@ -247,8 +249,13 @@ class Verifier:
             with stage(f"verify {request.build.name}"):
                 checks = verify(request, self.sources.get(request.source))
             bar.result = counted(checks)
-        self.console.print(summary_table(request, checks))
-        return all(c.status != "failed" for c in checks)
+        passed = all(c.status != "failed" for c in checks)
+        if self.tables:
+            self.console.print(summary_table(request, checks))
+        self.results.append({"build": request.build.name, "repo": request.build.repo, "passed": passed,
+                             "report": str(request.folder / REPORT_JSON),
+                             "checks": [{"name": c.name, "status": c.status, "summary": c.summary} for c in checks]})
+        return passed
 
 
 def _files_hold(folder: Path, resident: dict[str, torch.Tensor]) -> bool:
@@ -285,13 +292,22 @@ def verify_names(names: tuple[str, ...], all_builds: bool, dist: Path) -> tuple[
     return names
 
 
-def verify_builds(requests: list[VerifyRequest]) -> bool:
+def verify_builds(requests: list[VerifyRequest], fmt: str = "text") -> bool:
     """Verify each build; True when no check of any build failed. Under torchrun each rank verifies its share and
-    all get the same answer."""
+    all get the same answer. ``fmt`` json: instead of the summary tables, one JSON document on stdout (each build's
+    checks, whether it passed and where its report is; one process only)."""
+    import json
+
+    import click
+
     from release.core.distributed import world
 
-    verifier = Verifier()
+    if fmt == "json" and world().size > 1:
+        raise ReleaseError("--format json: one process prints one document; run release verify without torchrun")
+    verifier = Verifier(tables=fmt == "text")
     ok = True
     for request in world().share(requests):
         ok &= verifier(request)
+    if fmt == "json":
+        click.echo(json.dumps({"passed": ok, "builds": verifier.results}, indent=2, sort_keys=True))
     return world().all_true(ok)

@@ -141,9 +141,10 @@ def campaign(source: str | None, observations: Path | None, dist: Path, keep_che
 @click.option("--source", default=None, help="BF16 source the values are recomputed from (default: as for build).")
 @click.option("--observations", type=click.Path(path_type=Path), default=None,
               help="Observations for the loadability rollout (default: beside the source).")
+@FORMAT
 @max_gpu_memory_option
 def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str | None, source: str | None,
-           observations: Path | None, max_gpu_memory: str | None) -> None:
+           observations: Path | None, fmt: str, max_gpu_memory: str | None) -> None:
     """Check built repos against a reference and their source; exit 1 if any check fails."""
     from release.check.verify import VerifyRequest, verify_builds, verify_names
     from release.core.memory import set_cap
@@ -152,7 +153,7 @@ def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str 
 
     requests = [VerifyRequest.create(n, dist, reference, source, observations)
                 for n in verify_names(names, all_builds, dist)]
-    if not verify_builds(requests):
+    if not verify_builds(requests, fmt):
         sys.exit(1)
 
 

@@ -311,11 +311,15 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV, ".cache/release"))
 
 
+LAST_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second an ISO date (and Python's datetime) can hold
+
+
 def build_date() -> str:
     """UTC time of this run; ``SOURCE_DATE_EPOCH`` pins it for reproducible outputs."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
-    if epoch and not epoch.isdigit():
-        raise ReleaseError(f"SOURCE_DATE_EPOCH={epoch!r}: must be whole seconds since 1970 (e.g. $(date +%s))")
+    if epoch and not (epoch.isascii() and epoch.isdigit() and int(epoch) <= LAST_EPOCH):
+        raise ReleaseError(f"SOURCE_DATE_EPOCH={epoch[:40]!r}: must be whole seconds since 1970 up to {LAST_EPOCH} "
+                           "(the end of year 9999), e.g. $(date +%s)")
     when = datetime.fromtimestamp(int(epoch), UTC) if epoch else datetime.now(UTC)
     return when.replace(microsecond=0).isoformat()
 

@@ -44,7 +44,7 @@ import numpy as np
 
 from release.core.errors import ReleaseError
 from release.core.io import atomic_dir, output_folder, write_json
-from release.inputs.observations import CAMERAS, FORMAT
+from release.inputs.observations import CAMERAS, FORMAT, check_instruction, check_state
 
 VERSIONS = ("v2.1", "v3.0")
 CAMERA_KEYS = {"observation.images.exterior_1_left": "exterior_image_1_left",
@@ -380,6 +380,10 @@ def import_lerobot(dataset: Path, out: Path, labs: list[str], per_lab: int, seed
         raise ReleaseError(f"{dataset}: the '{ACTION}' std is {sigma}; the metrics need 8 positive numbers")
     data = frames(ds, lab_field)
     chosen = sample(data, labs, per_lab, seed)
+    for _, row in chosen.iterrows():  # before any frame is decoded: what load_observations would refuse later
+        where = f"{dataset}: episode {int(row['episode_index'])} frame {int(row['frame_index'])}"
+        check_instruction(row["instruction"], where)
+        check_state([float(v) for v in np.asarray(row[STATE], dtype=float).reshape(-1)], where)
     lines, size = [], None
     with atomic_dir(output_folder(out)) as tmp:
         (tmp / "images").mkdir()

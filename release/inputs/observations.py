@@ -156,6 +156,29 @@ def _check_image(path: Path, where: str, camera: str, size: tuple[int, int]) -> 
         raise ReleaseError(f"{where}: camera '{camera}': image {path} is {found[0]}x{found[1]}; {fix}")
 
 
+MAX_OBS_ID = 2**31 - 1  # an id seeds the observation's noise (with the policy's seed) and names its cache files
+# A DROID instruction is a sentence (the longest about 300 characters); a 10 MB one ran a build for 18 minutes.
+MAX_INSTRUCTION = 2_000
+
+
+def check_instruction(text: str, where: str) -> None:
+    """An instruction the tokenizer is meant for: at most ``MAX_INSTRUCTION`` characters."""
+    if len(text) > MAX_INSTRUCTION:
+        raise ReleaseError(f"{where}: field 'instruction' is {len(text):,} characters long; an instruction is a task "
+                           f"description of at most {MAX_INSTRUCTION:,}")
+
+
+def check_state(state: Any, where: str) -> None:
+    """A robot state: 8 finite numbers, 7 joint positions in rad and the gripper in [0, 1]."""
+    if not isinstance(state, list) or len(state) != 8 or not all(type(v) in (int, float) for v in state):
+        raise ReleaseError(f"{where}: field 'state' must be 8 numbers (7 joint positions in rad + gripper in "
+                           f"[0, 1]), got {_short(state)}")
+    if not all(math.isfinite(v) for v in state):
+        raise ReleaseError(f"{where}: field 'state' holds NaN or Infinity; give 8 finite numbers")
+    if not 0 <= state[7] <= 1:
+        raise ReleaseError(f"{where}: field 'state': the gripper (last value) is {state[7]}; it must be in [0, 1]")
+
+
 def _record(rec: Any, where: str, folder: Path, root: Path, size: tuple[int, int]) -> Observation:
     """One line of observations.jsonl, every field checked; image paths must stay inside the set's folder."""
     if not isinstance(rec, dict):
@@ -164,19 +187,15 @@ def _record(rec: Any, where: str, folder: Path, root: Path, size: tuple[int, int
         if key not in rec:
             raise ReleaseError(f"{where}: field '{key}' is missing; every line needs obs_id, episode_id, lab, "
                                "instruction, state and images")
-    if type(rec["obs_id"]) is not int:
-        raise ReleaseError(f"{where}: field 'obs_id' must be an integer, got {_short(rec['obs_id'])}")
+    if type(rec["obs_id"]) is not int or not 0 <= rec["obs_id"] <= MAX_OBS_ID:
+        raise ReleaseError(f"{where}: field 'obs_id' must be an integer from 0 to {MAX_OBS_ID}, got "
+                           f"{_short(rec['obs_id'])}")
     for key in ("episode_id", "lab", "instruction"):
         if not isinstance(rec[key], str):
             raise ReleaseError(f"{where}: field '{key}' must be a string, got {_short(rec[key])}")
+    check_instruction(rec["instruction"], where)
     state = rec["state"]
-    if not isinstance(state, list) or len(state) != 8 or not all(type(v) in (int, float) for v in state):
-        raise ReleaseError(f"{where}: field 'state' must be 8 numbers (7 joint positions in rad + gripper in "
-                           f"[0, 1]), got {_short(state)}")
-    if not all(math.isfinite(v) for v in state):
-        raise ReleaseError(f"{where}: field 'state' holds NaN or Infinity; give 8 finite numbers")
-    if not 0 <= state[7] <= 1:
-        raise ReleaseError(f"{where}: field 'state': the gripper (last value) is {state[7]}; it must be in [0, 1]")
+    check_state(state, where)
     cameras = rec["images"]
     if not isinstance(cameras, dict):
         raise ReleaseError(f"{where}: field 'images' must map {', '.join(CAMERAS)} to PNG paths")

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from release.core.builds import load_build, load_release
 from release.core.config import Override, ReleaseConfig, Selection, builds_dir
@@ -37,17 +37,22 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# the ranges a record's figures can have: an error (RMS, MAE) is finite and not negative, an agreement a fraction
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+
+
 class Scores(_Doc):
     """A candidate's figures on the rule's path and split (from its tables.json record)."""
 
-    overall_sigma: float
-    overall_ci: tuple[float, float] | None  # None: too few observations for an interval
-    gripper_agree: float
-    gripper_ci: tuple[float, float] | None  # None: too few observations
-    gripper_changes: int
-    joint_mae_deg: float
-    n_obs: int
-    n_steps: int
+    overall_sigma: NonNegative
+    overall_ci: tuple[NonNegative, NonNegative] | None  # None: too few observations for an interval
+    gripper_agree: Fraction
+    gripper_ci: tuple[Fraction, Fraction] | None  # None: too few observations
+    gripper_changes: Annotated[int, Field(ge=0)]
+    joint_mae_deg: NonNegative
+    n_obs: Annotated[int, Field(ge=1)]
+    n_steps: Annotated[int, Field(ge=1)]
 
 
 class GateResult(_Doc):
