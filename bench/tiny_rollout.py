@@ -103,11 +103,12 @@ def measure(label: str, make: Callable[[], torch.nn.Module | None], kwargs: dict
     t0 = time.perf_counter()
     pipe = load_pipeline(fixture / "source", release_cfg.policy, transformer=make())
     load_s = time.perf_counter() - t0
-    cold, actions = [], []
+    cold, cold_cpu, actions = [], [], []
     for obs in observations:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         actions.append(rollout(pipe, obs, release_cfg.policy, **kwargs))
         cold.append(time.perf_counter() - t0)
+        cold_cpu.append(time.process_time() - c0)
     warm, cpu = [], []
     for _ in range(repeat):
         for i, obs in enumerate(observations):
@@ -125,13 +126,13 @@ def measure(label: str, make: Callable[[], torch.nn.Module | None], kwargs: dict
             rollout(pipe, obs, release_cfg.policy, **kwargs)
         profiler.disable()
         stats = pstats.Stats(profiler)
-    return {"label": label, "load_s": load_s, "cold": cold, "warm": warm, "cpu": cpu, "actions": np.stack(actions),
-            "stats": stats, "n": len(observations), "clock": profile}
+    return {"label": label, "load_s": load_s, "cold": cold, "cold_cpu": cold_cpu, "warm": warm, "cpu": cpu,
+            "actions": np.stack(actions), "stats": stats, "n": len(observations), "clock": profile}
 
 
 def report(result: dict, top: int) -> None:
     line = (f"\n## {result['label']}: load {result['load_s']:.2f} s; per rollout: first of each observation "
-            f"median {statistics.median(result['cold']):.3f} s wall")
+            f"median {statistics.median(result['cold']):.3f} s wall, {statistics.median(result['cold_cpu']):.3f} s CPU")
     if result["warm"]:
         line += (f"; later ones median {statistics.median(result['warm']):.3f} s wall, "
                  f"{statistics.median(result['cpu']):.3f} s CPU ({len(result['warm'])} rollouts)")
