@@ -71,3 +71,30 @@ def test_one_thread_gives_the_bits_of_the_callers_threads(tiny: Path, monkeypatc
     assert set(seen) == {before}
     for a, b in zip(one, callers, strict=True):
         assert np.array_equal(_bits(a), _bits(b))
+
+
+def test_the_fakequant_replay_with_folded_weights_gives_the_bits_of_quantizing_them_on_every_call(
+        tiny: Path, rtn_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fakequant_transformer folds the fixed weights' fake quantization once (ModelOpt's fold_weight) instead of
+    quantizing them on every call: the actions of two observations are bit for bit those without the fold."""
+    import modelopt.torch.quantization as mtq
+
+    from release.core.builds import load_build
+    from release.quantize.load import fakequant_transformer
+
+    settings = PolicySettings()
+    observations = load_observations(tiny / "observations")[:2]
+    build = load_build("rtn")
+
+    def actions() -> list[np.ndarray]:
+        model = fakequant_transformer(tiny / "source", rtn_build, build)
+        pipe = policy.load_pipeline(tiny / "source", settings, transformer=model)
+        return [policy.rollout(pipe, o, settings) for o in observations]
+
+    folded = actions()
+    calls: list[object] = []
+    monkeypatch.setattr(mtq, "fold_weight", lambda model, keep_attrs=False: calls.append(model))
+    unfolded = actions()
+    assert len(calls) == 1
+    for a, b in zip(folded, unfolded, strict=True):
+        assert np.array_equal(_bits(a), _bits(b))

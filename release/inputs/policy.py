@@ -50,9 +50,10 @@ class _Conditioned:
 # build replays the same observations, and the 33-frame resize and the encode dominate a tiny rollout otherwise.
 _CONDITIONED: dict[tuple[Any, ...], _Conditioned] = {}
 _CONDITIONED_MAX = 512
-# Below this many transformer parameters a rollout on the CPU runs on one thread: the model's operations are too small
-# to gain from a second one, and on a shared machine waiting for it cost 4 to 30 times the work (BENCHMARKS.md, "Where
-# a tiny rollout's time goes"). The bits are those of two threads: checked on the tiny fixture's 48 observations, BF16,
+# Below this many transformer parameters a rollout on the CPU runs its denoising loop on one thread: the model's
+# operations are too small to gain from a second one, and on a shared machine waiting for it cost 4 to 30 times the
+# work (BENCHMARKS.md, "Where a tiny rollout's time goes"). A new frame's conditioning (the resize of its clip and the
+# VAE's 3-D convolutions, large at the real frame size) keeps the caller's threads. The bits are those of two threads: checked on the tiny fixture's 48 observations, BF16,
 # fake quant and deployed, per-tensor and per-channel (tests/test_rollout.py on two). The tiny fixture has 0.57M
 # parameters, the Nano 15.7B.
 ONE_THREAD_BELOW = 10_000_000
@@ -118,8 +119,9 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
             stand_in = torch.empty(hit.shape, dtype=dtype, device="meta")
             self._pending = (stand_in, key, hit)
             return stand_in, hit.image_size.clone(), hit.height, hit.width
-        frames, image_size, height, width = super()._prepare_action_video_conditioning(
-            conditioning_clip, resolution_tier, num_frames, device, dtype)
+        with torch_threads(getattr(self, "_caller_threads", torch.get_num_threads())):
+            frames, image_size, height, width = super()._prepare_action_video_conditioning(
+                conditioning_clip, resolution_tier, num_frames, device, dtype)
         if key is not None:
             self._pending = (frames, key, _Conditioned(tuple(frames.shape), image_size.clone(), height, width))
         return frames, image_size, height, width
@@ -133,8 +135,9 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
                                    "VAE encode")
             return super()._encode_video(x)
         _, key, entry = pending
-        if entry.latents is None:  # computed just now: encode it and keep the encode
-            entry.latents = super()._encode_video(x)
+        if entry.latents is None:  # computed just now: encode it (on the caller's threads) and keep the encode
+            with torch_threads(getattr(self, "_caller_threads", torch.get_num_threads())):
+                entry.latents = super()._encode_video(x)
             if len(_CONDITIONED) >= _CONDITIONED_MAX:
                 _CONDITIONED.pop(next(iter(_CONDITIONED)))
             _CONDITIONED[key] = entry
@@ -215,7 +218,8 @@ def rollout(pipe: JointPositionPolicyPipeline, obs: Observation, settings: Polic
     )
     generator = torch.Generator("cpu").manual_seed(observation_seed(settings, obs))
     small = compute_device() == "cpu" and sum(p.numel() for p in pipe.transformer.parameters()) < ONE_THREAD_BELOW
-    with torch_threads(1 if small else torch.get_num_threads()):
+    pipe._caller_threads = torch.get_num_threads()
+    with torch_threads(1 if small else pipe._caller_threads):
         out = pipe(
             prompt=obs.instruction,
             action=action,
