@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,60 @@ diffusers_logging.disable_progress_bar()  # the tool shows its own (rich) progre
 diffusers_logging.set_verbosity_error()
 
 
-_ENCODED: dict[tuple[str, str, tuple[int, ...], str], torch.Tensor] = {}
-_ENCODED_MAX = 512
+@dataclass
+class _Conditioned:
+    """What ``_prepare_action_video_conditioning`` returned for a clip (of the clip, its shape) and its encode."""
+
+    shape: tuple[int, ...]
+    image_size: torch.Tensor
+    height: int
+    width: int
+    latents: torch.Tensor | None = None
+
+
+# The conditioning of each observation's frame (its clip resized and padded, then the VAE encode), memoised: every
+# build replays the same observations, and the 33-frame resize and the encode dominate a tiny rollout otherwise.
+_CONDITIONED: dict[tuple[Any, ...], _Conditioned] = {}
+_CONDITIONED_MAX = 512
+# Below this many transformer parameters a rollout on the CPU runs its denoising loop on one thread: the model's
+# operations are too small to gain from a second one, and on a shared machine waiting for it cost 4 to 30 times the
+# work (BENCHMARKS.md, "Where a tiny rollout's time goes"). A new frame's conditioning (the resize of its clip and the
+# VAE's 3-D convolutions, large at the real frame size) keeps the caller's threads. The bits are those of two threads: checked on the tiny fixture's 48 observations, BF16,
+# fake quant and deployed, per-tensor and per-channel (tests/test_rollout.py on two). The tiny fixture has 0.57M
+# parameters, the Nano 15.7B.
+ONE_THREAD_BELOW = 10_000_000
+
+
+def _clip_digest(clip: Any) -> str | None:
+    """A content hash of a conditioning clip given as PIL images or arrays; None for anything else (not memoised)."""
+    from PIL import Image
+
+    frames = clip if isinstance(clip, list) else [clip]
+    h = hashlib.sha256()
+    for frame in frames:
+        if isinstance(frame, Image.Image):
+            h.update(f"PIL {frame.mode} {frame.size}".encode())
+            h.update(frame.tobytes())
+        elif isinstance(frame, np.ndarray):
+            h.update(f"ndarray {frame.dtype} {frame.shape}".encode())
+            h.update(np.ascontiguousarray(frame).tobytes())
+        else:
+            return None
+    return h.hexdigest()
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``n`` inside, the caller's restored after."""
+    before = torch.get_num_threads()
+    if n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
@@ -44,21 +97,51 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
     Pass the state as ``action.raw_actions`` of shape ``[1, dims]`` in policy mode.
     """
 
-    def _encode_video(self, x: torch.Tensor) -> torch.Tensor:
-        """The VAE encode of the conditioning clip, memoised: every build replays the same observations, and the
-        encode dominates a tiny rollout's time. Keyed by the VAE's weights and the clip's bytes."""
+    def _vae_key(self) -> str:
+        """A hash of the VAE's weights and config (the conditioning's memo key), computed once per pipeline."""
         if not hasattr(self, "_vae_digest"):
-            h = hashlib.sha256()
+            h = hashlib.sha256(json.dumps(dict(self.vae.config), sort_keys=True, default=str).encode())
             for t in self.vae.state_dict().values():
                 h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
             self._vae_digest = h.hexdigest()
-        key = (self._vae_digest, str(x.dtype), tuple(x.shape),
-               hashlib.sha256(x.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()).hexdigest())
-        if key not in _ENCODED:
-            if len(_ENCODED) >= _ENCODED_MAX:
-                _ENCODED.pop(next(iter(_ENCODED)))
-            _ENCODED[key] = super()._encode_video(x)
-        return _ENCODED[key].clone()
+        return self._vae_digest
+
+    def _prepare_action_video_conditioning(self, conditioning_clip: Any, resolution_tier: int, num_frames: int,
+                                           device: torch.device | str, dtype: torch.dtype) -> Any:
+        """diffusers' conditioning clip (resized, padded), its VAE encode memoised by the VAE and the frame's bytes.
+        For a frame seen before, a meta tensor of the clip's shape stands for the clip: ``prepare_latents`` hands it
+        to ``_encode_video`` alone, which returns the memoised encode (any other use of it fails)."""
+        self._pending: tuple[torch.Tensor, tuple[Any, ...], _Conditioned] | None = None
+        digest = _clip_digest(conditioning_clip)
+        key = None if digest is None else (self._vae_key(), digest, int(resolution_tier), int(num_frames),
+                                           str(torch.device(device)), str(dtype))
+        if key is not None and (hit := _CONDITIONED.get(key)) is not None:
+            stand_in = torch.empty(hit.shape, dtype=dtype, device="meta")
+            self._pending = (stand_in, key, hit)
+            return stand_in, hit.image_size.clone(), hit.height, hit.width
+        with torch_threads(getattr(self, "_caller_threads", torch.get_num_threads())):
+            frames, image_size, height, width = super()._prepare_action_video_conditioning(
+                conditioning_clip, resolution_tier, num_frames, device, dtype)
+        if key is not None:
+            self._pending = (frames, key, _Conditioned(tuple(frames.shape), image_size.clone(), height, width))
+        return frames, image_size, height, width
+
+    def _encode_video(self, x: torch.Tensor) -> torch.Tensor:
+        """The VAE encode; of a clip of ``_prepare_action_video_conditioning``, memoised."""
+        pending, self._pending = getattr(self, "_pending", None), None
+        if pending is None or x is not pending[0]:
+            if x.is_meta:
+                raise ReleaseError("internal: a memoised conditioning clip stood in for something else than its "
+                                   "VAE encode")
+            return super()._encode_video(x)
+        _, key, entry = pending
+        if entry.latents is None:  # computed just now: encode it (on the caller's threads) and keep the encode
+            with torch_threads(getattr(self, "_caller_threads", torch.get_num_threads())):
+                entry.latents = super()._encode_video(x)
+            if len(_CONDITIONED) >= _CONDITIONED_MAX:
+                _CONDITIONED.pop(next(iter(_CONDITIONED)))
+            _CONDITIONED[key] = entry
+        return entry.latents.clone()
 
     def prepare_latents(self, *args: Any, **kwargs: Any) -> Any:
         out = list(super().prepare_latents(*args, **kwargs))
@@ -134,16 +217,19 @@ def rollout(pipe: JointPositionPolicyPipeline, obs: Observation, settings: Polic
         view_point="concat_view",
     )
     generator = torch.Generator("cpu").manual_seed(observation_seed(settings, obs))
-    out = pipe(
-        prompt=obs.instruction,
-        action=action,
-        num_inference_steps=settings.steps,
-        guidance_scale=settings.guidance,
-        generator=generator,
-        output_type="latent",
-        enable_safety_check=False,
-        **pipe_kwargs,
-    )
+    small = compute_device() == "cpu" and sum(p.numel() for p in pipe.transformer.parameters()) < ONE_THREAD_BELOW
+    pipe._caller_threads = torch.get_num_threads()
+    with torch_threads(1 if small else pipe._caller_threads):
+        out = pipe(
+            prompt=obs.instruction,
+            action=action,
+            num_inference_steps=settings.steps,
+            guidance_scale=settings.guidance,
+            generator=generator,
+            output_type="latent",
+            enable_safety_check=False,
+            **pipe_kwargs,
+        )
     chunk = out.action[0][1:].float().cpu().numpy()
     if not np.isfinite(chunk).all():
         raise ReleaseError(f"observation {obs.obs_id}: the policy produced non-finite actions")

@@ -1,0 +1,100 @@
+"""A tiny rollout's shortcuts (issue 33) give the bits of the plain computation: the memoised conditioning of a frame
+(its resize and VAE encode) and one thread for a small model's rollout on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from diffusers import Cosmos3OmniPipeline
+
+import release.inputs.policy as policy
+from release.core.config import PolicySettings
+from release.core.errors import ReleaseError
+from release.inputs.observations import load_observations
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint32)
+
+
+def test_a_memoised_conditioning_gives_the_bits_of_a_computed_one(tiny: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    monkeypatch.setattr(policy, "_CONDITIONED", {})
+    settings = PolicySettings()
+    pipe = policy.load_pipeline(tiny / "source", settings)
+    obs = load_observations(tiny / "observations")[0]
+    computed = policy.rollout(pipe, obs, settings)
+    assert len(policy._CONDITIONED) == 1
+    (entry,) = policy._CONDITIONED.values()
+    calls: list[torch.Tensor] = []
+    encode = Cosmos3OmniPipeline._encode_video  # diffusers' own: must not run again for this frame
+
+    def counted(self: Cosmos3OmniPipeline, x: torch.Tensor) -> torch.Tensor:
+        calls.append(x)
+        return encode(self, x)
+
+    monkeypatch.setattr(Cosmos3OmniPipeline, "_encode_video", counted)
+    memoised = policy.rollout(pipe, obs, settings)
+    assert not calls
+    assert np.array_equal(_bits(memoised), _bits(computed))
+    # a second pipeline (a build's, with the source's VAE) uses the same entry
+    again = policy.rollout(policy.load_pipeline(tiny / "source", settings), obs, settings)
+    assert not calls and list(policy._CONDITIONED.values()) == [entry]
+    assert np.array_equal(_bits(again), _bits(computed))
+
+
+def test_the_stand_in_clip_serves_its_encode_alone(tiny: Path) -> None:
+    pipe = policy.load_pipeline(tiny / "source", PolicySettings())
+    with pytest.raises(ReleaseError, match="stood in"):
+        pipe._encode_video(torch.empty(1, 3, 33, 64, 320, device="meta"))
+
+
+def test_one_thread_gives_the_bits_of_the_callers_threads(tiny: Path, monkeypatch: pytest.MonkeyPatch
+                                                                    ) -> None:
+    settings = PolicySettings()
+    pipe = policy.load_pipeline(tiny / "source", settings)
+    observations = load_observations(tiny / "observations")[:2]
+    monkeypatch.setattr(policy, "_CONDITIONED", {})
+    before = torch.get_num_threads()
+    seen: list[int] = []
+    hook = pipe.transformer.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
+    one = [policy.rollout(pipe, o, settings) for o in observations]
+    assert set(seen) == {1} and torch.get_num_threads() == before
+    seen.clear()
+    monkeypatch.setattr(policy, "ONE_THREAD_BELOW", 0)  # the caller's threads throughout
+    monkeypatch.setattr(policy, "_CONDITIONED", {})  # the conditioning computed again, on them
+    callers = [policy.rollout(pipe, o, settings) for o in observations]
+    hook.remove()
+    assert set(seen) == {before}
+    for a, b in zip(one, callers, strict=True):
+        assert np.array_equal(_bits(a), _bits(b))
+
+
+def test_the_fakequant_replay_with_folded_weights_gives_the_bits_of_quantizing_them_on_every_call(
+        tiny: Path, rtn_build: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fakequant_transformer folds the fixed weights' fake quantization once (ModelOpt's fold_weight) instead of
+    quantizing them on every call: the actions of two observations are bit for bit those without the fold."""
+    import modelopt.torch.quantization as mtq
+
+    from release.core.builds import load_build
+    from release.quantize.load import fakequant_transformer
+
+    settings = PolicySettings()
+    observations = load_observations(tiny / "observations")[:2]
+    build = load_build("rtn")
+
+    def actions() -> list[np.ndarray]:
+        model = fakequant_transformer(tiny / "source", rtn_build, build)
+        pipe = policy.load_pipeline(tiny / "source", settings, transformer=model)
+        return [policy.rollout(pipe, o, settings) for o in observations]
+
+    folded = actions()
+    calls: list[object] = []
+    monkeypatch.setattr(mtq, "fold_weight", lambda model, keep_attrs=False: calls.append(model))
+    unfolded = actions()
+    assert len(calls) == 1
+    for a, b in zip(folded, unfolded, strict=True):
+        assert np.array_equal(_bits(a), _bits(b))
