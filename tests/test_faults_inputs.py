@@ -447,7 +447,7 @@ def test_source_date_epoch_must_be_seconds(monkeypatch: pytest.MonkeyPatch) -> N
     assert build_date() == "9999-12-31T23:59:59+00:00"
     for bad in ("yesterday", "99999999999999999999", "253402300800", "-1", "1e9", "\u00b2"):
         monkeypatch.setenv("SOURCE_DATE_EPOCH", bad)
-        with pytest.raises(ReleaseError, match="SOURCE_DATE_EPOCH.*up to 253402300799"):
+        with pytest.raises(ReleaseError, match=r"SOURCE_DATE_EPOCH.*up to 253402300799"):
             build_date()
 
 

@@ -53,9 +53,10 @@ _CONDITIONED_MAX = 512
 # Below this many transformer parameters a rollout on the CPU runs its denoising loop on one thread: the model's
 # operations are too small to gain from a second one, and on a shared machine waiting for it cost 4 to 30 times the
 # work (BENCHMARKS.md, "Where a tiny rollout's time goes"). A new frame's conditioning (the resize of its clip and the
-# VAE's 3-D convolutions, large at the real frame size) keeps the caller's threads. The bits are those of two threads: checked on the tiny fixture's 48 observations, BF16,
-# fake quant and deployed, per-tensor and per-channel (tests/test_rollout.py on two). The tiny fixture has 0.57M
-# parameters, the Nano 15.7B.
+# VAE's 3-D convolutions, large at the real frame size) keeps the caller's threads. The bits are those of two
+# threads: checked on 8 observations of the tiny fixture, BF16, fake quant and deployed, per-tensor and per-channel
+# (bench/tiny_rollout.py --compare; tests/test_rollout.py on two). The tiny fixture has 0.57M parameters, the Nano
+# 15.7B.
 ONE_THREAD_BELOW = 10_000_000
 
 
