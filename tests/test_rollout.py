@@ -46,18 +46,60 @@ def test_a_memoised_conditioning_gives_the_bits_of_a_computed_one(tiny: Path, mo
     assert np.array_equal(_bits(again), _bits(computed))
 
 
+def _entry(path: Path) -> tuple[dict[str, str], dict[str, bytes]]:
+    """A safetensors file's metadata and tensors' bytes (its header's key order is not fixed)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata(), {k: f.get_tensor(k).contiguous().view(torch.uint8).numpy().tobytes() for k in f.keys()}
+
+
+def test_the_conditioning_kept_on_disk_serves_a_later_process_with_the_same_bits(
+        tiny: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A frame's conditioning is kept in RELEASE_CACHE/conditioning: a new process (an empty memo) reads it instead
+    of encoding the clip again; a damaged entry is encoded again and rewritten."""
+    monkeypatch.setenv("RELEASE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(policy, "_CONDITIONED", {})
+    settings = PolicySettings()
+    pipe = policy.load_pipeline(tiny / "source", settings)
+    obs = load_observations(tiny / "observations")[0]
+    computed = policy.rollout(pipe, obs, settings)
+    [kept] = (tmp_path / "cache" / "conditioning").iterdir()
+    calls: list[torch.Tensor] = []
+    encode = Cosmos3OmniPipeline._encode_video
+
+    def counted(self: Cosmos3OmniPipeline, x: torch.Tensor) -> torch.Tensor:
+        calls.append(x)
+        return encode(self, x)
+
+    monkeypatch.setattr(Cosmos3OmniPipeline, "_encode_video", counted)
+    monkeypatch.setattr(policy, "_CONDITIONED", {})  # as a new process
+    again = policy.rollout(policy.load_pipeline(tiny / "source", settings), obs, settings)
+    assert not calls and np.array_equal(_bits(again), _bits(computed))
+    good, entry = kept.read_bytes(), _entry(kept)
+    for damage in (good[:100], b"", good.replace(b'"height"', b'"hEight"')):
+        kept.write_bytes(damage)
+        monkeypatch.setattr(policy, "_CONDITIONED", {})
+        redone = policy.rollout(pipe, obs, settings)
+        assert len(calls) == 1 and np.array_equal(_bits(redone), _bits(computed))
+        assert _entry(kept) == entry  # encoded again, the entry rewritten whole
+        calls.clear()
+    assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # no temporary left
+
+
 def test_the_stand_in_clip_serves_its_encode_alone(tiny: Path) -> None:
     pipe = policy.load_pipeline(tiny / "source", PolicySettings())
     with pytest.raises(ReleaseError, match="stood in"):
         pipe._encode_video(torch.empty(1, 3, 33, 64, 320, device="meta"))
 
 
-def test_one_thread_gives_the_bits_of_the_callers_threads(tiny: Path, monkeypatch: pytest.MonkeyPatch
-                                                                    ) -> None:
+def test_one_thread_gives_the_bits_of_the_callers_threads(tiny: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
     settings = PolicySettings()
     pipe = policy.load_pipeline(tiny / "source", settings)
     observations = load_observations(tiny / "observations")[:2]
     monkeypatch.setattr(policy, "_CONDITIONED", {})
+    monkeypatch.setenv("RELEASE_CACHE", str(tmp_path / "one"))  # no conditioning kept by other tests
     before = torch.get_num_threads()
     seen: list[int] = []
     hook = pipe.transformer.register_forward_pre_hook(lambda *_: seen.append(torch.get_num_threads()))
@@ -66,6 +108,7 @@ def test_one_thread_gives_the_bits_of_the_callers_threads(tiny: Path, monkeypatc
     seen.clear()
     monkeypatch.setattr(policy, "ONE_THREAD_BELOW", 0)  # the caller's threads throughout
     monkeypatch.setattr(policy, "_CONDITIONED", {})  # the conditioning computed again, on them
+    monkeypatch.setenv("RELEASE_CACHE", str(tmp_path / "callers"))
     callers = [policy.rollout(pipe, o, settings) for o in observations]
     hook.remove()
     assert set(seen) == {before}

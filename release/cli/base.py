@@ -122,7 +122,7 @@ Environment:
   RELEASE_SOURCE        BF16 source (a folder or a Hub id in the local cache) when --source is not
                         given (then the cache at base_model / base_revision)
   RELEASE_OBSERVATIONS  observation set when --observations is not given
-  RELEASE_CACHE         calibration captures, rollouts and hashes (default .cache/release)
+  RELEASE_CACHE         calibration captures, rollouts, VAE encodes, hashes (default .cache/release)
   RELEASE_DEVICE        auto (default: CUDA when present), cpu or cuda
   RELEASE_CUDA_GRAPHS   0: eval's rollouts run eager on CUDA (default 1: BF16 and the deployed FP8 build
                         replay their decoder stacks as CUDA graphs, the same bits)

@@ -307,7 +307,8 @@ CACHE_ENV = "RELEASE_CACHE"
 
 
 def cache_dir() -> Path:
-    """Where calibration captures, rollouts and file hashes are kept: ``RELEASE_CACHE``, default ``.cache/release``."""
+    """Where calibration captures, rollouts, frames' VAE encodes and file hashes are kept: ``RELEASE_CACHE``,
+    default ``.cache/release``."""
     return Path(os.environ.get(CACHE_ENV, ".cache/release"))
 
 

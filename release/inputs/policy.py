@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from diffusers.utils import logging as diffusers_logging
 from release.core.config import PolicySettings
 from release.core.device import compute_device
 from release.core.errors import ReleaseError
+from release.core.io import cache_dir
 from release.inputs.observations import _OBJECTS, _PLACES, _VERBS, Observation
 
 diffusers_logging.disable_progress_bar()  # the tool shows its own (rich) progress
@@ -58,6 +60,57 @@ _CONDITIONED_MAX = 512
 # (bench/tiny_rollout.py --compare; tests/test_rollout.py on two). The tiny fixture has 0.57M parameters, the Nano
 # 15.7B.
 ONE_THREAD_BELOW = 10_000_000
+
+
+def _remember(key: tuple[Any, ...], entry: _Conditioned) -> None:
+    if len(_CONDITIONED) >= _CONDITIONED_MAX:
+        _CONDITIONED.pop(next(iter(_CONDITIONED)))
+    _CONDITIONED[key] = entry
+
+
+def _stored(key: tuple[Any, ...]) -> Path:
+    """Where the conditioning of ``key`` is kept between processes: ``RELEASE_CACHE/conditioning/`` (a later
+    ``release eval`` or a campaign's resumption skips the VAE encodes of frames it has seen, 1.5 s each on two
+    cores)."""
+    return cache_dir() / "conditioning" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]}.safetensors"
+
+
+def _load_stored(key: tuple[Any, ...]) -> _Conditioned | None:
+    """The kept conditioning of ``key``, on its device; None when there is none or it cannot be read (a damaged
+    file is only a cache entry: the clip is encoded again and the file rewritten)."""
+    from safetensors import safe_open
+
+    path = _stored(key)
+    if not path.is_file():
+        return None
+    try:
+        with safe_open(str(path), framework="pt", device=key[4]) as f:
+            meta = f.metadata() or {}
+            if json.loads(meta.get("key", "null")) != list(key):
+                return None
+            return _Conditioned(tuple(json.loads(meta["shape"])), f.get_tensor("image_size"), int(meta["height"]),
+                                int(meta["width"]), f.get_tensor("latents"))
+    except Exception:  # any unreadable entry is a miss
+        return None
+
+
+def _keep(key: tuple[Any, ...], entry: _Conditioned) -> None:
+    """Write ``entry`` for later processes, whole or not at all (a temporary of this process, then a rename)."""
+    from safetensors.torch import save
+
+    assert entry.latents is not None
+    path = _stored(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = save({"latents": entry.latents.detach().cpu().contiguous(),
+                 "image_size": entry.image_size.detach().cpu().contiguous()},
+                {"key": json.dumps(list(key)), "shape": json.dumps(list(entry.shape)), "height": str(entry.height),
+                 "width": str(entry.width)})
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:  # a full or read-only cache only costs the next process the encode
+        tmp.unlink(missing_ok=True)
 
 
 def _clip_digest(clip: Any) -> str | None:
@@ -116,6 +169,8 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
         digest = _clip_digest(conditioning_clip)
         key = None if digest is None else (self._vae_key(), digest, int(resolution_tier), int(num_frames),
                                            str(torch.device(device)), str(dtype))
+        if key is not None and key not in _CONDITIONED and (kept := _load_stored(key)) is not None:
+            _remember(key, kept)
         if key is not None and (hit := _CONDITIONED.get(key)) is not None:
             stand_in = torch.empty(hit.shape, dtype=dtype, device="meta")
             self._pending = (stand_in, key, hit)
@@ -139,9 +194,8 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
         if entry.latents is None:  # computed just now: encode it (on the caller's threads) and keep the encode
             with torch_threads(getattr(self, "_caller_threads", torch.get_num_threads())):
                 entry.latents = super()._encode_video(x)
-            if len(_CONDITIONED) >= _CONDITIONED_MAX:
-                _CONDITIONED.pop(next(iter(_CONDITIONED)))
-            _CONDITIONED[key] = entry
+            _remember(key, entry)
+            _keep(key, entry)
         return entry.latents.clone()
 
     def prepare_latents(self, *args: Any, **kwargs: Any) -> Any:
