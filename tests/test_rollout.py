@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +86,15 @@ def test_the_conditioning_kept_on_disk_serves_a_later_process_with_the_same_bits
         assert _entry(kept) == entry  # encoded again, the entry rewritten whole
         calls.clear()
     assert [p.name for p in kept.parent.iterdir()] == [kept.name]  # no temporary left
+    # a link where this process writes its temporary: never followed (the entry is simply not kept)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("a user's file")
+    kept.unlink()
+    (kept.parent / f".{kept.name}.{os.getpid()}.tmp").symlink_to(outside)
+    monkeypatch.setattr(policy, "_CONDITIONED", {})
+    linked = policy.rollout(pipe, obs, settings)
+    assert np.array_equal(_bits(linked), _bits(computed)) and outside.read_text() == "a user's file"
+    assert not kept.exists()
 
 
 def test_the_stand_in_clip_serves_its_encode_alone(tiny: Path) -> None:

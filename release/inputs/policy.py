@@ -100,17 +100,20 @@ def _keep(key: tuple[Any, ...], entry: _Conditioned) -> None:
 
     assert entry.latents is not None
     path = _stored(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = save({"latents": entry.latents.detach().cpu().contiguous(),
                  "image_size": entry.image_size.detach().cpu().contiguous()},
                 {"key": json.dumps(list(key)), "shape": json.dumps(list(entry.shape)), "height": str(entry.height),
                  "width": str(entry.width)})
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_bytes(data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # never through a link
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
-    except OSError:  # a full or read-only cache only costs the next process the encode
-        tmp.unlink(missing_ok=True)
+    except OSError:  # a full or read-only cache, or a name taken: only costs the next process the encode
+        if tmp.is_file() and not tmp.is_symlink():
+            tmp.unlink()
 
 
 def _clip_digest(clip: Any) -> str | None:
