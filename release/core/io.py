@@ -216,6 +216,24 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         raise
 
 
+def keep_cached(path: Path, data: bytes) -> bool:
+    """Write a cache entry whole or not at all: through a temporary of this process opened exclusively and never
+    through a link, then a rename. False when it could not be kept (a full or read-only cache, a name taken): a
+    cache entry that is not kept only costs the next run its work."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        if tmp.is_file() and not tmp.is_symlink():
+            tmp.unlink()
+        return False
+
+
 def write_json(path: Path, obj: Any) -> None:
     atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 

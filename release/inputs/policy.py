@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from diffusers.utils import logging as diffusers_logging
 from release.core.config import PolicySettings
 from release.core.device import compute_device
 from release.core.errors import ReleaseError
-from release.core.io import cache_dir
+from release.core.io import cache_dir, keep_cached
 from release.inputs.observations import _OBJECTS, _PLACES, _VERBS, Observation
 
 diffusers_logging.disable_progress_bar()  # the tool shows its own (rich) progress
@@ -104,16 +103,7 @@ def _keep(key: tuple[Any, ...], entry: _Conditioned) -> None:
                  "image_size": entry.image_size.detach().cpu().contiguous()},
                 {"key": json.dumps(list(key)), "shape": json.dumps(list(entry.shape)), "height": str(entry.height),
                  "width": str(entry.width)})
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)  # never through a link
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError:  # a full or read-only cache, or a name taken: only costs the next process the encode
-        if tmp.is_file() and not tmp.is_symlink():
-            tmp.unlink()
+    keep_cached(path, data)
 
 
 def _clip_digest(clip: Any) -> str | None:

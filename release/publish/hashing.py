@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from release.core.digest import stamp as file_stamp
 from release.core.errors import ReleaseError
 from release.core.io import write_json
 from release.publish.scan import CHUNK, SCAN_VERSION, Scanner
@@ -22,9 +23,8 @@ LFS_SUFFIXES = (".safetensors", ".pth", ".bin", ".png", ".npz")
 class HashCache:
     """sha256 / git blob sha1 of local files and their secret scan, cached in a JSON file.
 
-    An entry is reused only while the file's size, mtime, ctime, inode and device are unchanged. ctime cannot be
-    set back by a user (``os.utime`` restores mtime, and itself moves ctime), so bytes flipped in place are hashed
-    again; mtime alone would not notice.
+    An entry is reused only while the file's stat stamp (:func:`release.core.digest.stamp`: size, mtime, ctime,
+    inode, device) is unchanged.
     """
 
     def __init__(self, path: Path) -> None:
@@ -37,7 +37,7 @@ class HashCache:
 
     def _hash(self, file: Path, scan: bool) -> dict[str, Any]:
         st = file.stat()
-        stamp = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+        stamp = file_stamp(st)
         hit = self.entries.get(str(file.resolve()))
         if hit and hit.get("stamp") == stamp and (not scan or hit.get("scan") == SCAN_VERSION):
             return hit

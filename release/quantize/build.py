@@ -69,11 +69,11 @@ class BuildRequest:
         return cls(release, builds, src, observations, output_folder(out, "--dist"), cache, identity)
 
 
-def capture_calibration(request: BuildRequest, observations: list[Observation],
-                        revision: str) -> tuple[Path, torch.nn.Module | None]:
+def capture_calibration(request: BuildRequest, observations: list[Observation]) -> tuple[Path, torch.nn.Module | None]:
     """Roll the BF16 policy out on the calibration observations and store every transformer call.
 
-    One file per observation under a folder keyed by source revision, observation set, policy settings and device,
+    One file per observation under a folder keyed by the source's content (:func:`release.core.digest.folder_digest`:
+    not its declared revision, which an edited source may keep), observation set, policy settings and device,
     so an interrupted capture resumes where it stopped and a changed input captures anew. Returns the folder and,
     when this process captured on a GPU without a memory cap, the policy's BF16 transformer (the source's, on the GPU:
     the builds may take it instead of reading the source again, :class:`release.inputs.source.SourceModel`).
@@ -82,8 +82,11 @@ def capture_calibration(request: BuildRequest, observations: list[Observation],
     from release.core.distributed import world
     from release.inputs.policy import capture_calls, load_pipeline, rollout, settings_digest
 
+    from release.core.digest import folder_digest
+
     key = hashlib.sha256(  # CPU and GPU rollouts differ in bf16: their captures are kept apart
-        f"{revision}|{observation_set_digest(request.observations)}|{settings_digest(request.release.policy)}|"
+        f"{folder_digest(request.source)}|{observation_set_digest(request.observations)}|"
+        f"{settings_digest(request.release.policy)}|"
         f"{compute_device()}".encode()
     ).hexdigest()[:20]
     folder = request.cache / "calibration" / key
@@ -220,7 +223,7 @@ class Builder:
         device = compute_device()
         reserve_staging(request.source, device)
         extensions = ExtensionBuild(device)  # compiled while the capture runs
-        folder, policy_transformer = capture_calibration(request, calibration, request.identity.revision)
+        folder, policy_transformer = capture_calibration(request, calibration)
         with stage("load the calibration capture"):
             data = CalibrationData.load(folder, calibration)
         for build in request.builds:  # every build's data is checked before the first one is made
