@@ -18,6 +18,8 @@
 #   7. gptq: ModelOpt's GPTQ column loop against the column-wise one at the Nano's shapes (bench/gptq_columns.py);
 #   8. probe: what the bytes cost alone (bench/gpu_io_probe.py: page-locked copies, sha256, shard writes and reads);
 #   8b. extensions: ModelOpt's CUDA extensions built once for the machine (before a sweep, to time it without them);
+#   8c. fold: the fake-quant replay's rollouts without and with ModelOpt's fold_weight (bench/tiny_rollout.py; its
+#      latency and whether the actions are the same bits), $FOLD_ROLLOUTS observations (default 6);
 #   9. init: `release init WORK/proj` with $CALLS calibration calls (default 64) and $ALGO_CALLS algorithm calls
 #      (default 8) in every build file, and the sweep narrowed to $SWEEP when set (pass BUILDS_DIR=WORK/proj/builds);
 #   10. sweep-start, sweep-wait: `release build --all` (bench/gpu_sweep.sh), started in the background and waited for
@@ -26,7 +28,7 @@
 # Usage: bench/gpu_scale.sh WHEELS WORK OUT [STEP ...]
 #   WORK outside the checkout (e.g. /root/w) or ignored by git: the device tool replaces a checkout's untracked files
 #   at each call, and a sweep that spans calls loses its source and builds with them
-#   steps: setup floor build eval profile graphs capped-build capped-eval gptq probe extensions init sweep-start
+#   steps: setup floor build eval profile graphs fold capped-build capped-eval gptq probe extensions init sweep-start
 #   sweep-wait
 #   (default: the first five)
 #   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from init), FIXTURE_ARGS, CAP, GPU_GIB, WAIT, STOP,
@@ -87,6 +89,14 @@ for step in $steps; do
         timed "tests/test_graphs.py (tiny fixture)" bash -c "cd '$here/..' && '$work/venv/bin/python' -m pytest -q \
           -o addopts='' tests/test_graphs.py >'$out/test_graphs.txt' 2>&1"
       fi ;;
+    fold)
+      # the fake-quant replay (release eval --path fakequant) with and without ModelOpt's fold_weight: latency, bits
+      for variant in no-fold fold; do
+        timed "fake-quant rollouts, $variant" bash -c "venv/bin/python '$here/tiny_rollout.py' --fixture fx \
+          --build dist/Cosmos3-Nano-Policy-DROID-FP8 --only fakequant:rtn -n ${FOLD_ROLLOUTS:-6} --repeat 1 \
+          $([[ $variant == fold ]] && echo "--compare '$out/no-fold.npz'" || echo "--no-fold --save '$out/no-fold.npz'") \
+          >'$out/fold-$variant.txt' 2>&1"
+      done ;;
     capped-build)
       # the disk holds the source and two builds (64 GiB on the GPU machine): the uncapped capture goes, the
       # capped run captures anew into its own cache anyway

@@ -161,9 +161,17 @@ def main() -> None:
     parser.add_argument("--save", type=Path, help="save every policy's actions (.npz)")
     parser.add_argument("--compare", type=Path, help="compare the actions bit for bit with an earlier --save")
     parser.add_argument("--only", action="append", help="only these policies (bf16, fakequant:NAME, deployed:NAME)")
+    parser.add_argument("--no-fold", action="store_true",
+                        help="the fake-quant replay without ModelOpt's fold_weight (its weights quantized on every "
+                             "call, as before issue 33): with --save/--compare, the fold's cost and bits")
     args = parser.parse_args()
+    if args.no_fold:
+        import modelopt.torch.quantization as mtq
+
+        mtq.fold_weight = lambda model, keep_attrs=False: None
     print(f"release from {Path(release.__file__).parent}; torch {torch.__version__}, {torch.get_num_threads()} "
-          f"threads")
+          f"threads; {torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}"
+          f"{'; fake quant without fold_weight' if args.no_fold else ''}")
     with tempfile.TemporaryDirectory() as tmp:
         fixture = args.fixture
         if fixture is None:
