@@ -79,10 +79,9 @@ def capture_calibration(request: BuildRequest, observations: list[Observation]) 
     the builds may take it instead of reading the source again, :class:`release.inputs.source.SourceModel`).
     """
     from release.core.device import compute_device, free_memory
+    from release.core.digest import folder_digest
     from release.core.distributed import world
     from release.inputs.policy import capture_calls, load_pipeline, rollout, settings_digest
-
-    from release.core.digest import folder_digest
 
     key = hashlib.sha256(  # CPU and GPU rollouts differ in bf16: their captures are kept apart
         f"{folder_digest(request.source)}|{observation_set_digest(request.observations)}|"
