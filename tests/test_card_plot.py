@@ -107,9 +107,9 @@ def test_an_external_checkpoint_is_judged_by_rtns_limits(tmp_path: Path, monkeyp
     drawn: list[tuple[dict[str, Any], str, dict[str, Any]]] = []
     plot = render.forest_plot
 
-    def recorded(tables: dict[str, Any], build: Any, lang: str, gates: dict[str, Any], out: Path) -> None:
+    def recorded(tables: dict[str, Any], build: Any, lang: str, gates: dict[str, Any]) -> bytes:
         drawn.append((tables, lang, gates))
-        plot(tables, build, lang, gates, out)
+        return plot(tables, build, lang, gates)
 
     monkeypatch.setattr(render, "forest_plot", recorded)
     result = invoke("card", "sq_auto", "--dist", dist, "--lang", "en,ko")

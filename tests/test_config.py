@@ -155,3 +155,27 @@ def test_a_per_language_title_is_shown_in_its_language(builds: Path) -> None:
     with pytest.raises(ReleaseError, match=r"gptq\.yaml: field 'title' has no 'de' text; the de card would show "
                                            r"English there: add 'de: \.\.\.' under 'title'$"):
         gptq.text("title", "de")
+
+
+def test_an_alias_bomb_a_deep_nesting_or_a_huge_file_is_refused_before_it_is_built(builds: Path) -> None:
+    """Issue 34: a YAML "billion laughs" (3.9 GB and a crash before), a title nested 5,000 deep, a file of megabytes:
+    each a one-line error naming the file, from the parsed nodes, before any value is constructed."""
+    original = (builds / "rtn.yaml").read_text()
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+        f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+        for i in range(8))
+    (builds / "rtn.yaml").write_text(bomb + original)
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml: more than 100,000 values once its aliases are expanded"):
+        load_build("rtn")
+    for depth, says in ((100, r"rtn\.yaml:\d+: nested deeper than 64 levels"),
+                        (5000, r"rtn\.yaml(:\d+)?: (YAML syntax error: exceeded maximum nesting depth|"
+                               r"nested too deeply)")):
+        (builds / "rtn.yaml").write_text(original.replace("title:", f"title: {'[' * depth}{']' * depth}\nx_title:", 1))
+        with pytest.raises(ReleaseError, match=says):
+            load_build("rtn")
+    (builds / "rtn.yaml").write_text(original + "#" * 1_000_001 + "\n")
+    with pytest.raises(ReleaseError, match=r"rtn\.yaml: 1,00\d,\d{3} characters; a build file holds at most 1,000,000"):
+        load_build("rtn")
+    (builds / "rtn.yaml").write_text(original)
+    assert load_build("rtn").name == "rtn"

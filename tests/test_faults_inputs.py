@@ -7,9 +7,11 @@ Observation sets and card inputs are copied to ``tmp_path`` before they are dama
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -309,7 +311,7 @@ def test_verify_refuses_a_bad_reference(fault: str, tiny: Path, tmp_path: Path) 
     assert not (tmp_path / "dist" / RTN / "verification").exists()
 
 
-def test_tables_out_is_a_file(tmp_path: Path) -> None:
+def _results_dist(tmp_path: Path) -> Path:
     dist = tmp_path / "dist"
     rng = np.random.default_rng(0)
     reference = rng.normal(size=(16, 32, 8))
@@ -317,6 +319,42 @@ def test_tables_out_is_a_file(tmp_path: Path) -> None:
     np.savez(dist / RTN / "results" / "fakequant-validation.npz", reference=reference, candidate=reference + 0.01,
              obs_ids=np.arange(32, 48), seeds=np.zeros(16, dtype=np.int64), labs=np.array(["IPRL"] * 16),
              sigma=np.ones(8))
+    return dist
+
+
+def test_tables_out_holding_other_files_is_refused_and_a_failed_write_leaves_the_old_set(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--out is replaced whole, as one set: a folder with a user's file is refused before any work; a write that
+    fails half-way (a full disk) leaves every file of the previous set as it was, and no staging folder."""
+    import release.measure.tables as tables
+
+    dist = _results_dist(tmp_path)
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    refused(invoke("tables", "rtn", "--dist", dist, "--out", out, "--resamples", "100"), "--out", "notes.txt")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    assert invoke("tables", "rtn", "--dist", dist, "--resamples", "100").exit_code == 0
+    before = {p.name: p.read_bytes() for p in (dist / "tables").iterdir()}
+    assert set(before) == tables.TABLES_OUTPUTS
+    written: list[Path] = []
+    real = tables.atomic_write
+
+    def fails_on_the_third(path: Path, data: bytes | str) -> None:
+        written.append(path)
+        if len(written) == 3:
+            raise OSError(28, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(tables, "atomic_write", fails_on_the_third)
+    result = invoke("tables", "rtn", "--dist", dist, "--resamples", "200")  # another set: other intervals
+    assert result.exit_code != 0 and len(written) == 3
+    assert {p.name: p.read_bytes() for p in (dist / "tables").iterdir()} == before
+    assert sorted(p.name for p in dist.iterdir()) == [RTN, "tables"]
+
+
+def test_tables_out_is_a_file(tmp_path: Path) -> None:
+    dist = _results_dist(tmp_path)
     file = tmp_path / "tables.txt"
     file.write_text("keep me")
     refused(invoke("tables", "rtn", "--dist", dist, "--out", file, "--resamples", "100"), "--out", "tables.txt")
@@ -331,6 +369,29 @@ def card_dist(tmp_path: Path) -> Path:
     dist = tmp_path / "dist"
     shutil.copytree(ROOT / "tests" / "data" / "cards", dist)
     return dist
+
+
+def test_a_full_disk_while_the_cards_are_written_leaves_every_old_card_file_and_plot(
+        card_dist: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The READMEs, LICENSE and plots of `release card` are one set: the disk filling up at the Korean README (the
+    English one staged before it) leaves every file as the English-only run wrote it: no plot or README added or
+    changed, and no temporary."""
+    assert invoke("card", "--dist", card_dist, "--lang", "en").exit_code == 0  # then en,ko: new files, others change
+    folders = [p for p in card_dist.iterdir() if (p / "README.md").is_file()]
+    before = {p: p.read_bytes() for f in folders for p in f.iterdir() if p.is_file()}
+    real = os.fdopen
+
+    def full_at_the_korean_readme(fd: int, *args: Any, **kwargs: Any) -> Any:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(f"README.ko.md.{os.getpid()}.tmp"):
+            os.close(fd)
+            raise OSError(28, "No space left on device")
+        return real(fd, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fdopen", full_at_the_korean_readme)
+    result = invoke("card", "--dist", card_dist, "--lang", "en,ko")
+    monkeypatch.undo()
+    assert result.exit_code == 2 and "the disk ran out of space" in result.output, result.output
+    assert {p: p.read_bytes() for f in folders for p in f.iterdir() if p.is_file()} == before
 
 
 CARD_FAULTS = {

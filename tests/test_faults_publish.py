@@ -213,6 +213,10 @@ def test_a_target_org_folder_linked_outside_is_refused(dist: Path, tmp_path: Pat
     (lambda f: (f / "transformer" / "up").symlink_to(".."), "a link to .."),
     (lambda f: (f / "link.json").symlink_to(f / "provenance.json"), "the Hub stores files, not links"),
     (lambda f: os.mkfifo(f / "pipe"), "a pipe, not a regular file"),
+    (lambda f: (f / "results").mkdir(exist_ok=True) or (f / "results" / "a\nb.npz").write_bytes(b"x"),
+     "its name holds a control character"),
+    (lambda f: os.close(os.open(os.fsencode(f) + b"/results-\xff.npz", os.O_CREAT | os.O_WRONLY)),
+     "its name is not valid UTF-8"),
 ])
 def test_links_loops_and_pipes_are_refused_cleanly(make: Any, message: str, dist: Path, tmp_path: Path) -> None:
     make(dist / RTN)
@@ -220,6 +224,22 @@ def test_links_loops_and_pipes_are_refused_cleanly(make: Any, message: str, dist
     for args in (("--dry-run",), ()):
         _one_line_error(_push(dist, target, *args), 2, message)
     assert not (target / "np-cr").exists() and _leftovers(target) == []
+
+
+def test_a_push_with_nothing_to_change_still_clears_what_a_killed_push_left(dist: Path, tmp_path: Path) -> None:
+    """A push killed just after the exchange leaves the repo's old copy as ``.REPO.tmp-PID-...`` beside it: the next
+    push to that repo removes it (its process is gone), also when the repo itself has nothing to change."""
+    target = tmp_path / "hub"
+    assert _push(dist, target).exit_code == 0
+    dead = subprocess.Popen(["true"])  # a process that has ended
+    dead.wait()
+    stale = target / "np-cr" / f".{RTN}.tmp-{dead.pid}-0a1b2c3d"
+    shutil.copytree(target / "np-cr" / RTN, stale)
+    running = target / "np-cr" / f".{RTN}.tmp-{os.getpid()}-0a1b2c3d"  # a live push's: kept
+    running.mkdir()
+    result = _push(dist, target)
+    assert result.exit_code == 0 and "no changes" in result.output, result.output
+    assert not stale.exists() and running.is_dir()
 
 
 # ---------------------------------------------------------------- 3. skipped is not passed

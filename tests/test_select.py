@@ -207,6 +207,8 @@ def test_missing_or_corrupt_tables_are_one_line_errors(builds: Path, tmp_path: P
     _fails(tmp_path, f"{path}: field 'records' must be a list of records")
     path.write_bytes(b"\xff\xfe")
     _fails(tmp_path, f"{path}: not valid JSON")
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    _fails(tmp_path, f"{path}: nested too deeply to read (fidelity tables)")
     broken = record("rtn_mavg", 0.1)
     broken["overall_sigma"] = "low"
     tables(tmp_path, [broken])

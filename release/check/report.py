@@ -86,6 +86,7 @@ def build_files(folder: Path) -> list[str]:
             raise ReleaseError(f"{directory}: cannot be listed ({exc.strerror}); fix its permissions") from exc
         for entry in entries:
             path = Path(entry.path)
+            _check_name(path)
             if entry.is_symlink():
                 raise ReleaseError(_link_refusal(path, folder))
             if entry.is_dir(follow_symlinks=False):
@@ -96,6 +97,19 @@ def build_files(folder: Path) -> list[str]:
                 kind = "pipe" if stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode) else "device or socket"
                 raise ReleaseError(f"{path}: a {kind}, not a regular file; remove it from the build folder")
     return sorted(out)
+
+
+def _check_name(path: Path) -> None:
+    """A name the Hub stores and a plan table shows as it is: valid UTF-8, no control characters (a newline would
+    break the plan's table and the manifest's lines)."""
+    try:
+        path.name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ReleaseError(f"{str(path)!a}: its name is not valid UTF-8 (the Hub stores UTF-8 names); rename "
+                           "or remove it") from None
+    if any(ord(c) < 32 or ord(c) == 127 for c in path.name):
+        raise ReleaseError(f"{str(path)!a}: its name holds a control character (a newline or a tab); rename or "
+                           "remove it")
 
 
 def _link_refusal(path: Path, folder: Path) -> str:

@@ -63,6 +63,30 @@ class _UniqueKeyLoader(_SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+MAX_YAML_CHARS = 1_000_000  # a build file or release.yaml is a few kB
+MAX_YAML_NODES = 100_000  # values once aliases are expanded (an alias bomb expands to billions)
+MAX_YAML_DEPTH = 64
+
+
+def _bounded(node: yaml.Node | None, path: Path) -> None:
+    """A one-line error for a document whose values, aliases expanded, exceed ``MAX_YAML_NODES`` or nest deeper
+    than ``MAX_YAML_DEPTH`` (checked on the parsed nodes, before anything is built from them)."""
+    stack = [] if node is None else [(node, 1)]
+    seen = 0
+    while stack:
+        current, depth = stack.pop()
+        seen += 1
+        if seen > MAX_YAML_NODES:
+            raise ReleaseError(f"{path}: more than {MAX_YAML_NODES:,} values once its aliases are expanded; write the "
+                               "values out instead of nesting aliases")
+        if depth > MAX_YAML_DEPTH:
+            raise ReleaseError(f"{path}:{current.start_mark.line + 1}: nested deeper than {MAX_YAML_DEPTH} levels")
+        if isinstance(current, yaml.MappingNode):
+            stack.extend((child, depth + 1) for pair in current.value for child in pair)
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend((child, depth + 1) for child in current.value)
+
+
 def _load_yaml(path: Path) -> tuple[dict[str, Any], str]:
     if not path.is_file():
         raise ReleaseError(f"{path}: file not found")
@@ -70,8 +94,18 @@ def _load_yaml(path: Path) -> tuple[dict[str, Any], str]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise ReleaseError(f"{path}: not UTF-8 text ({exc}); save it as UTF-8") from exc
+    if len(text) > MAX_YAML_CHARS:
+        raise ReleaseError(f"{path}: {len(text):,} characters; a build file holds at most {MAX_YAML_CHARS:,}")
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        loader = _UniqueKeyLoader(text)
+        try:
+            node = loader.get_single_node()
+            _bounded(node, path)
+            data = None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except RecursionError as exc:
+        raise ReleaseError(f"{path}: nested too deeply to read; a build file is a few levels of fields") from exc
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""

@@ -216,21 +216,40 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         raise
 
 
+def write_set(files: dict[Path, bytes | str]) -> None:
+    """Write several outputs as one set (a card's READMEs, LICENSE and plots): every file to a temporary of this
+    process first (opened exclusively, never through a link), then each renamed over its name. A failure while
+    writing, a full disk above all, removes the temporaries and leaves every old file as it was (a one-line error
+    naming the file on a full disk); the renames need no space."""
+    staged: list[tuple[Path, Path]] = []
+    path = tmp = next(iter(files), Path("."))
+    try:
+        for path, data in files.items():
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            if tmp.is_symlink():
+                raise ReleaseError(f"{tmp}: a link where this command writes a temporary; remove it")
+            tmp.unlink(missing_ok=True)  # this pid's, from an earlier run that was killed
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            staged.append((tmp, path))
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.encode() if isinstance(data, str) else data)
+    except Exception as exc:
+        for written, _ in staged:
+            written.unlink(missing_ok=True)
+        _refuse_full_disk(path, tmp, exc)
+        raise
+    for written, final in staged:
+        os.replace(written, final)
+
+
 def keep_cached(path: Path, data: bytes) -> bool:
-    """Write a cache entry whole or not at all: through a temporary of this process opened exclusively and never
-    through a link, then a rename. False when it could not be kept (a full or read-only cache, a name taken): a
-    cache entry that is not kept only costs the next run its work."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write a cache entry whole or not at all (:func:`write_set`). False when it could not be kept (a full or
+    read-only cache, a link in the way): a cache entry that is not kept only costs the next run its work."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        write_set({path: data})
         return True
-    except OSError:
-        if tmp.is_file() and not tmp.is_symlink():
-            tmp.unlink()
+    except (OSError, ReleaseError):
         return False
 
 
@@ -271,16 +290,24 @@ def exclusive_lock(path: Path, what: str) -> Iterator[None]:
         os.close(fd)
 
 
+MAX_JSON_BYTES = 256 * 2**20  # the largest file a stage writes (tables, reports, manifests) is a few MB
+
+
 def read_json(path: Path, what: str, command: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The JSON object another stage wrote at ``path``, with the ``required`` top-level fields; missing, not JSON,
     not an object or without a required field is a one-line error that names ``path`` and ``command``, the command
     that (re)writes it."""
     if not path.is_file():
         raise ReleaseError(f"{path}: missing ({what}); run '{command}' first")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise ReleaseError(f"{path}: {path.stat().st_size:,} bytes, more than the {MAX_JSON_BYTES:,} a {what} file "
+                           f"can hold; run '{command}' to rewrite it")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:  # invalid JSON or not UTF-8
         raise ReleaseError(f"{path}: not valid JSON ({what}: {exc}); run '{command}' to rewrite it") from exc
+    except RecursionError as exc:
+        raise ReleaseError(f"{path}: nested too deeply to read ({what}); run '{command}' to rewrite it") from exc
     if not isinstance(doc, dict):
         raise ReleaseError(f"{path}: expected a JSON object ({what}), got {type(doc).__name__}; run '{command}' to "
                            "rewrite it")

@@ -16,7 +16,7 @@ import pandas as pd
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, Gate, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import atomic_write, build_date, output_folder, read_json, write_json
+from release.core.io import atomic_dir, atomic_write, build_date, read_json, replaceable_folder, write_json
 from release.measure.layout import PERF, RESULTS, YARDSTICKS, sweep_builds
 from release.measure.paired import (
     CORRECTION,
@@ -58,6 +58,10 @@ BOOTSTRAP_SEED = 0
 RESULT_FILE = re.compile(r"^(fakequant|deployed|served)-(calibration|validation|all)\.npz$")
 
 
+# what `release tables` writes into --out, which it replaces whole (a folder holding anything else is refused)
+TABLES_OUTPUTS = frozenset({"fidelity.csv", "served.csv", "ranking.csv", "attribution.csv", "tables.json"})
+
+
 @dataclass(frozen=True)
 class TablesRequest:
     release: ReleaseConfig
@@ -82,7 +86,8 @@ class TablesRequest:
             if not builds:
                 raise ReleaseError(f"{dist}: no build has results; run 'release eval NAME' first")
         load_build(baseline)
-        return cls(release, builds, dist, output_folder(out or dist / "tables"), baseline, resamples)
+        return cls(release, builds, dist, replaceable_folder(out or dist / "tables", "--out", TABLES_OUTPUTS), baseline,
+                   resamples)
 
 
 @dataclass(frozen=True)
@@ -454,11 +459,13 @@ def _json(value: Any) -> Any:
 
 
 def run_tables(request: TablesRequest) -> dict[str, pd.DataFrame]:
+    """Compute the tables and write them as one set: staged beside ``--out``, then swapped in whole (a full disk or
+    a kill leaves the old set or the new one, never CSVs of one baseline beside a tables.json of another)."""
     method, records, tables = build_tables(request)
-    request.out.mkdir(parents=True, exist_ok=True)
-    for name, frame in tables.items():
-        atomic_write(request.out / f"{name}.csv", frame.to_csv(index=False))
-    write_json(request.out / "tables.json", {"baseline": request.baseline, "resamples": request.resamples,
-                                              "bootstrap_seed": BOOTSTRAP_SEED, "date": build_date(),
-                                              "method": _json(method), "records": _json(records)})
+    with atomic_dir(request.out) as staged:
+        for name, frame in tables.items():
+            atomic_write(staged / f"{name}.csv", frame.to_csv(index=False))
+        write_json(staged / "tables.json", {"baseline": request.baseline, "resamples": request.resamples,
+                                            "bootstrap_seed": BOOTSTRAP_SEED, "date": build_date(),
+                                            "method": _json(method), "records": _json(records)})
     return tables

@@ -22,7 +22,7 @@ from typing import Any
 
 from release.core.config import BuildConfig
 from release.core.errors import GateError, ReleaseError
-from release.core.io import atomic_dir, cache_dir, exclusive_lock
+from release.core.io import atomic_dir, cache_dir, clean_stale, exclusive_lock
 from release.core.output import info, quiet
 from release.publish.gate import checked_files
 from release.publish.hashing import LFS_THRESHOLD, HashCache
@@ -183,10 +183,13 @@ def _copy_hashed(src: Path, dst: Path, sha256: str) -> None:
 
 def _push_folder(remote: FolderRemote, plan: RepoPlan, folder: Path, local: dict[str, dict[str, Any]]) -> Pushed:
     """Write the repo beside its old copy, each file checked against its planned hash while it is copied, and swap
-    it in only when complete (``atomic_dir``): a failure leaves the old copy and no staging folder."""
+    it in only when complete (``atomic_dir``): a failure leaves the old copy and no staging folder. What a killed
+    earlier push left beside the repo (its old copy after the exchange, a partial new one) goes first, also when
+    nothing changed."""
+    dest = remote.folder(plan.repo_id)
+    clean_stale(dest)
     if not plan.changes:
         return Pushed("no changes, nothing copied")
-    dest = remote.folder(plan.repo_id)
     with atomic_dir(dest) as staging:
         for f in plan.files:
             if f.action != "delete":

@@ -12,7 +12,6 @@ from babel.numbers import format_decimal
 
 from release.core.config import BuildConfig, Gate, builds_dir
 from release.core.errors import ReleaseError
-from release.core.io import atomic_write
 from release.measure.stats import gate_misses
 from release.publish.card.i18n import Formatter, _, translations
 from release.publish.card.labels import (
@@ -93,15 +92,15 @@ def gate_notes(records: list[dict[str, Any]], gates: dict[str, Gate], f: Formatt
     return notes
 
 
-def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, gates: dict[str, Gate], out: Path) -> None:
-    """Write :func:`forest_figure` as a PNG; everything drawn is sorted, so it is byte-stable for the same input."""
+def forest_plot(tables: dict[str, Any], build: BuildConfig, lang: str, gates: dict[str, Gate]) -> bytes:
+    """:func:`forest_figure` as a PNG; everything drawn is sorted, so it is byte-stable for the same input."""
     import matplotlib.pyplot as plt
 
     fig = forest_figure(tables, build, lang, gates)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     plt.close(fig)
-    atomic_write(out, buf.getvalue())
+    return buf.getvalue()
 
 
 def forest_figure(tables: dict[str, Any], build: BuildConfig, lang: str, gates: dict[str, Gate]) -> Any:

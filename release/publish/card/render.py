@@ -13,7 +13,7 @@ from huggingface_hub import ModelCard
 from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import atomic_write, read_json
+from release.core.io import read_json, write_set
 from release.measure.layout import sweep_builds
 from release.measure.select import TABLES, Delivery, SelectionDoc, delivery, read_selection, read_tables_doc
 from release.publish.card.context import card_context, card_metadata, sweep_provenances
@@ -124,8 +124,7 @@ def render_cards(request: CardRequest) -> list[Path]:
     plots = [(build, lang, request.dist / build.repo / f"forest.{lang}.png") for build in request.builds
              for lang in request.langs]
     gates = {b.name: b.gate for b in sweep_builds(request.dist)}
-    for build, lang, path in plots:
-        forest_plot(localized[lang], build, lang, gates, path)
-    for path, text in files.items():
-        atomic_write(path, text)
-    return sorted([*files, *(path for _, _, path in plots)])
+    outputs: dict[Path, str | bytes] = {**files, **{path: forest_plot(localized[lang], build, lang, gates)
+                                                   for build, lang, path in plots}}
+    write_set(outputs)  # one set: a failure (a full disk) leaves every old card file and plot
+    return sorted(outputs)
