@@ -143,7 +143,8 @@ def test_build_files_travel_with_the_checkpoint(campaign: Path) -> None:
 
 
 def test_fakequant_replays_the_builds_own_codes(campaign: Path, tiny: Path) -> None:
-    """A GPTQ build's fake-quant model holds its own dequantized codes, not a re-rounding of the source."""
+    """A GPTQ build's fake-quant model replays its own dequantized codes, not a re-rounding of the source: the
+    weight it holds is ModelOpt's fake quantization of them, done once (folded), which falls onto its own codes."""
     from release.quantize.load import fakequant_transformer
     from release.quantize.recipes import quantized_linears
 
@@ -156,9 +157,13 @@ def test_fakequant_replays_the_builds_own_codes(campaign: Path, tiny: Path) -> N
         module: Any = model.get_submodule(name)
         codes, scale = built[f"{name}.weight"], built[f"{name}.weight_quantizer._scale"]
         own = dequantize(codes, scale).to(torch.bfloat16)
-        assert torch.equal(module.weight.detach(), own), name
-        replayed = module.weight_quantizer(module.weight.detach()).float()  # ModelOpt's fake quantization
-        recoded = (replayed / (module.weight_quantizer.amax.float() / 448)).to(torch.float8_e4m3fn)
+        quantizer = module.weight_quantizer
+        assert not quantizer.is_enabled, name  # folded: the forward uses the held weight as it is
+        quantizer.enable()
+        replayed = quantizer(own)  # ModelOpt's fake quantization of the build's own codes
+        quantizer.disable()
+        assert torch.equal(module.weight.detach(), replayed), name
+        recoded = (replayed.float() / (quantizer.amax.float() / 448)).to(torch.float8_e4m3fn)
         assert torch.equal(recoded.view(torch.uint8), codes.view(torch.uint8)), name  # onto its own codes again
 
 

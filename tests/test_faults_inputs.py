@@ -157,6 +157,35 @@ def cpu_eval(rtn_build: Path, tiny: Path, tmp_path_factory: pytest.TempPathFacto
     return base
 
 
+class _Planted:
+    """A pickle that would create a file if it were ever unpickled with code execution."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (self.marker.write_text, ("ran",))
+
+
+def test_a_pickle_in_place_of_modelopt_state_is_refused_by_name_and_never_run(cpu_eval: Path, tiny: Path,
+                                                                               tmp_path: Path) -> None:
+    """Issue 34: a modelopt_state.pth holding other pickled objects (code) is the one-line error naming it, not an
+    UnpicklingError's traceback; torch.load's weights_only refuses it, so nothing in it runs."""
+    import pickle
+
+    base = tmp_path / "run"
+    shutil.copytree(cpu_eval, base)
+    marker = tmp_path / "ran.txt"
+    state = base / "dist" / RTN / "transformer" / "modelopt_state.pth"
+    state.write_bytes(pickle.dumps(_Planted(marker)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RELEASE_CACHE", str(base / "cache"))
+        shutil.rmtree(base / "cache" / "rollouts")
+        refused(invoke(*_deployed_eval(base, tiny), "-q"), str(state), "not a ModelOpt state that loads without "
+                "running code", "release build")
+    assert not marker.exists()
+
+
 def _deployed_eval(base: Path, tiny: Path) -> list[str | Path]:
     return ["eval", "rtn", "--path", "deployed", "--split", "validation", "--dist", base / "dist", "--source",
             tiny / "source", "--observations", tiny / "observations"]

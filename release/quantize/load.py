@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import pickle
 import types
 import warnings
 from collections.abc import Iterator
@@ -59,7 +60,11 @@ def load_build_transformer(build_dir: Path) -> torch.nn.Module:
         mto.enable_huggingface_checkpointing()
     with _serving_keys_ignored(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        model = Cosmos3OmniTransformer.from_pretrained(f"{build_dir}/transformer", dtype=torch.bfloat16)
+        try:
+            model = Cosmos3OmniTransformer.from_pretrained(f"{build_dir}/transformer", dtype=torch.bfloat16)
+        except pickle.UnpicklingError as exc:  # torch.load(weights_only=True) refused it: nothing of it ran
+            raise ReleaseError(f"{build_dir}/transformer/modelopt_state.pth: not a ModelOpt state that loads without "
+                               "running code (it holds other pickled objects); rebuild with 'release build'") from exc
     plain = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)
              and module.weight.dtype == torch.float8_e4m3fn and not isinstance(module, QuantModule)]
     if plain:
