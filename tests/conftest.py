@@ -36,6 +36,19 @@ def _isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     mp.undo()
 
 
+@pytest.fixture(autouse=True)
+def _torch_state_kept(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test leaves torch's process-wide defaults as it found them: a default dtype or thread count left changed
+    (diffusers' ``from_pretrained`` sets the dtype and puts it back only when loading succeeds) changes the bytes
+    of every later test's outputs, and the failure would surface far from its cause."""
+    before = (torch.get_default_dtype(), torch.get_num_threads())
+    yield
+    after = (torch.get_default_dtype(), torch.get_num_threads())
+    torch.set_default_dtype(before[0])
+    torch.set_num_threads(before[1])
+    assert after == before, f"{request.node.nodeid} left torch's (default dtype, threads) at {after}, not {before}"
+
+
 def edited_source(tiny: Path, out: Path, tensor: str, edit: Callable[[torch.Tensor], torch.Tensor]) -> Path:
     """A copy of the tiny source at ``out`` whose transformer tensor ``tensor`` is replaced by ``edit(tensor)``, with
     the fixture's reference checkpoint beside it where its ``fixture.json`` records one (as ``release fixture``

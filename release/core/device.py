@@ -1,9 +1,12 @@
-"""Where models run (``RELEASE_DEVICE``), and freeing what a dropped model held there."""
+"""Where models run (``RELEASE_DEVICE``), freeing what a dropped model held there, and torch's default dtype kept
+across a load."""
 
 from __future__ import annotations
 
 import gc
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -29,3 +32,15 @@ def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+@contextmanager
+def default_dtype_kept() -> Iterator[None]:
+    """torch's default dtype as it was, whatever happens inside. diffusers' ``from_pretrained`` sets it to the
+    load's dtype and puts it back only when the load succeeds: a load that raises (a bad config, a refused pickle)
+    would leave every later tensor of the process bfloat16 and change the bytes of everything computed after."""
+    dtype = torch.get_default_dtype()
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(dtype)

@@ -27,7 +27,7 @@ from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionConditi
 from diffusers.utils import logging as diffusers_logging
 
 from release.core.config import PolicySettings
-from release.core.device import compute_device
+from release.core.device import compute_device, default_dtype_kept
 from release.core.errors import ReleaseError
 from release.core.io import cache_dir, keep_cached
 from release.inputs.observations import _OBJECTS, _PLACES, _VERBS, Observation
@@ -221,12 +221,13 @@ def load_pipeline(
     """The policy pipeline of ``source``; ``transformer`` replaces the source's (e.g. a quantized build's)."""
     kwargs = {} if transformer is None else {"transformer": transformer}
     try:
-        pipe = JointPositionPolicyPipeline.from_pretrained(
-            str(source),
-            **kwargs,
-            dtype={"transformer": torch.bfloat16, "default": torch.float32},
-            enable_safety_checker=False,
-        )
+        with default_dtype_kept():
+            pipe = JointPositionPolicyPipeline.from_pretrained(
+                str(source),
+                **kwargs,
+                dtype={"transformer": torch.bfloat16, "default": torch.float32},
+                enable_safety_checker=False,
+            )
     except (OSError, ValueError, KeyError) as exc:
         raise ReleaseError(f"{source}: cannot load the Cosmos3 pipeline: {str(exc).splitlines()[0]}") from exc
     pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=settings.shift)

@@ -248,6 +248,18 @@ def check_architecture(source: Path) -> dict[str, object]:
     return config
 
 
+def load_transformer(folder: Path | str) -> Any:
+    """The ``Cosmos3OmniTransformer`` in ``folder`` (a source's or a build's ``transformer``), bfloat16, with torch's
+    default dtype as it was even when the load raises."""
+    import torch
+    from diffusers import Cosmos3OmniTransformer
+
+    from release.core.device import default_dtype_kept
+
+    with default_dtype_kept():
+        return Cosmos3OmniTransformer.from_pretrained(str(folder), dtype=torch.bfloat16)
+
+
 def check_finite(model: torch.nn.Module, source: Path) -> None:
     """A corrupt source fails here, naming the tensor, before a rollout or calibration turns NaN into noise."""
     import torch
@@ -288,7 +300,6 @@ class SourceModel:
 
     def __init__(self, folder: Path, device: str = "cpu", loaded: Any = None) -> None:
         import torch
-        from diffusers import Cosmos3OmniTransformer
 
         from release.core.memory import cap, is_placed
 
@@ -299,7 +310,7 @@ class SourceModel:
         held = size if loaded is not None else 0  # what the loaded transformer already takes of the GPU
         self.resident = device == "cuda" and cap() is None and torch.cuda.mem_get_info()[0] + held >= RESIDENT * size
         model = loaded if loaded is not None and self.resident else \
-            Cosmos3OmniTransformer.from_pretrained(str(folder / "transformer"), dtype=torch.bfloat16)
+            load_transformer(folder / "transformer")
         # the weights' finiteness: the capture checked the policy's; else where the first build places them
         self.checked = model is loaded
         self.config = dict(model.config)

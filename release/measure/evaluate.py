@@ -29,7 +29,7 @@ from release.core.io import atomic_write, cache_dir, read_json, write_json
 from release.core.output import info, progress
 from release.core.profile import device_name, stage
 from release.inputs.observations import Observation, action_sigma, load_observations, observation_set_digest
-from release.inputs.source import recalled_inputs, resolve_source, source_revision
+from release.inputs.source import load_transformer, recalled_inputs, resolve_source, source_revision
 from release.measure.layout import EXTERNAL, EXTERNAL_TITLE, PERF, RESULTS, YARDSTICKS, as_external, external_name
 from release.quantize.load import deployed_transformer, fakequant_transformer
 
@@ -379,13 +379,12 @@ def run_eval(request: EvalRequest) -> list[Path]:
 def run_yardsticks(request: EvalRequest, obs: list[Observation], reference: np.ndarray,
                    sigma: np.ndarray) -> list[Path]:
     """BF16 eager vs BF16 ``torch.compile`` on the split, and one noise seed vs others on a few observations."""
-    from diffusers import Cosmos3OmniTransformer
 
     policy = request.release.policy
     seeds = [policy.noise_seed] * len(obs)
 
     def compiled() -> torch.nn.Module:
-        model = Cosmos3OmniTransformer.from_pretrained(str(request.source / "transformer"), dtype=torch.bfloat16)
+        model = load_transformer(request.source / "transformer")
         return torch.compile(model.eval(), dynamic=True)  # type: ignore[return-value]
 
     compiled_actions = rollouts(request, "bf16-compile", compiled, obs, seeds, {})

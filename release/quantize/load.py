@@ -27,6 +27,7 @@ from release.core.errors import ReleaseError
 from release.core.io import read_json
 from release.core.memory import keep_whole
 from release.inputs.graphs import capturable
+from release.inputs.source import load_transformer
 from release.quantize.export import SERVING_ONLY
 from release.quantize.recipes import per_channel, quant_config, quantized_linears
 
@@ -51,7 +52,6 @@ def load_build_transformer(build_dir: Path) -> torch.nn.Module:
     at the repo's root in the local cache instead). A Linear left holding FP8 weights without ModelOpt's quantizers
     is refused."""
     import modelopt.torch.opt as mto
-    from diffusers import Cosmos3OmniTransformer
     from modelopt.torch.quantization.nn import QuantModule
 
     if not (build_dir / "transformer" / "modelopt_state.pth").is_file():
@@ -61,7 +61,7 @@ def load_build_transformer(build_dir: Path) -> torch.nn.Module:
     with _serving_keys_ignored(), warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
-            model = Cosmos3OmniTransformer.from_pretrained(f"{build_dir}/transformer", dtype=torch.bfloat16)
+            model = load_transformer(build_dir / "transformer")
         except pickle.UnpicklingError as exc:  # torch.load(weights_only=True) refused it: nothing of it ran
             raise ReleaseError(f"{build_dir}/transformer/modelopt_state.pth: not a ModelOpt state that loads without "
                                "running code (it holds other pickled objects); rebuild with 'release build'") from exc
@@ -132,10 +132,9 @@ def fakequant_transformer(source: Path, folder: Path, build: BuildConfig) -> tor
     import warnings
 
     import modelopt.torch.quantization as mtq
-    from diffusers import Cosmos3OmniTransformer
     from safetensors.torch import load_file
 
-    model = Cosmos3OmniTransformer.from_pretrained(str(source / "transformer"), dtype=torch.bfloat16).eval()
+    model = load_transformer(source / "transformer").eval()
     built: dict[str, torch.Tensor] = {}
     for shard in sorted((folder / "transformer").glob("*.safetensors")):
         built.update(load_file(shard))
