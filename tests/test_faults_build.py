@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -272,22 +274,61 @@ def test_a_file_written_on_a_full_disk_keeps_its_old_content_and_leaves_no_tempo
 
     target = tmp_path / "verification" / "report.json"
     atomic_write(target, "old\n")
-    write_bytes = Path.write_bytes
+    fdopen = os.fdopen
 
-    def cut_short(self: Path, data: bytes) -> int:
-        write_bytes(self, data[:2])
-        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    def failing(error: OSError) -> Callable[..., Any]:
+        """``os.fdopen`` whose file takes two bytes and then fails with ``error``."""
+        def opened(fd: int, *args: Any, **kwargs: Any) -> Any:
+            file = fdopen(fd, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "write_bytes", cut_short)
+            class Short:
+                def __enter__(self) -> Short:
+                    return self
+
+                def __exit__(self, *exc: object) -> None:
+                    file.close()
+
+                def write(self, data: bytes) -> int:
+                    file.write(data[:2])
+                    raise error
+            return Short()
+        return opened
+
+    monkeypatch.setattr(os, "fdopen", failing(OSError(errno.ENOSPC, "No space left on device")))
     with pytest.raises(ReleaseError, match=r"report\.json: the disk ran out of space while it was written"):
         atomic_write(target, "new content\n")
     assert target.read_text() == "old\n" and os.listdir(target.parent) == ["report.json"]
-
-    def refused(self: Path, data: bytes) -> int:
-        write_bytes(self, data[:2])
-        raise PermissionError(errno.EACCES, "Permission denied", str(self))
-
-    monkeypatch.setattr(Path, "write_bytes", refused)
+    monkeypatch.setattr(os, "fdopen", failing(PermissionError(errno.EACCES, "Permission denied")))
     with pytest.raises(PermissionError):
         atomic_write(target, "new content\n")
     assert target.read_text() == "old\n" and os.listdir(target.parent) == ["report.json"]
+
+
+def test_a_link_where_a_temporary_or_a_lock_goes_is_never_written_through(tmp_path: Path) -> None:
+    """Issue 34: a link planted at a temporary's or a lock's name leaves the file it points to as it was; the
+    output is a regular file, never the link."""
+    from release.core.errors import ReleaseError
+    from release.core.io import atomic_write, exclusive_lock
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me")
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / ".selection.json.tmp").symlink_to(outside)  # the fixed name earlier versions wrote through
+    atomic_write(dist / "selection.json", "{}\n")
+    assert not (dist / "selection.json").is_symlink() and (dist / "selection.json").read_text() == "{}\n"
+    (dist / f".selection.json.{os.getpid()}.tmp").symlink_to(outside)
+    with pytest.raises(ReleaseError, match=r"\.selection\.json\.\d+\.tmp: a link where this command writes"):
+        atomic_write(dist / "selection.json", "[]\n")
+    lock = tmp_path / "hub" / ".release-push.lock"
+    lock.parent.mkdir()
+    lock.symlink_to(outside)
+    with pytest.raises(ReleaseError, match=r"\.release-push\.lock: a link where push keeps its lock file"):
+        with exclusive_lock(lock, "push"):
+            pass
+    lock.unlink()
+    os.link(outside, lock)
+    with pytest.raises(ReleaseError, match=r"\.release-push\.lock: the lock file has other names"):
+        with exclusive_lock(lock, "push"):
+            pass
+    assert outside.read_text() == "keep me" and (dist / "selection.json").read_text() == "{}\n"

@@ -6,6 +6,7 @@ Observation sets and card inputs are copied to ``tmp_path`` before they are dama
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import pytest
 from click.testing import Result
 from PIL import Image
 
+from release.core.errors import ReleaseError
 from tests.conftest import ROOT, invoke
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
@@ -293,6 +295,79 @@ def test_build_dist_is_a_file(tiny: Path, tmp_path: Path, option: str) -> None:
                     option, file)
     refused(result, "--dist", str(file), "not a folder")
     assert file.read_text() == "keep me"
+
+
+# --- issue 34: the source, checked as a whole before any work (its other parts are copied into every build) ---
+
+def _header_dtype(source: Path, tensor: str, dtype: str) -> None:
+    """The safetensors header of ``tensor`` says ``dtype``, its bytes unchanged (the header keeps its length)."""
+    index = json.loads((source / "transformer/diffusion_pytorch_model.safetensors.index.json").read_text())
+    shard = source / "transformer" / index["weight_map"][tensor]
+    data = bytearray(shard.read_bytes())
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    header[tensor]["dtype"] = dtype
+    text = json.dumps(header, separators=(",", ":")).encode()
+    assert len(text) <= size
+    data[8:8 + size] = text.ljust(size)
+    shard.write_bytes(bytes(data))
+
+
+def _config(source: Path, **fields: Any) -> None:
+    path = source / "transformer/config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+SOURCE_FAULTS: dict[str, tuple[Callable[[Path, Path], object], tuple[str, ...]]] = {
+    "link to a file outside": (lambda s, t: (s / "scheduler/notes.txt").symlink_to(t / "outside.txt"),
+                               ("scheduler/notes.txt", "outside the source")),
+    "link to a folder outside": (lambda s, t: (s / "extras").symlink_to(t), ("extras", "outside the source")),
+    "link loop": (lambda s, t: (s / "loop").symlink_to("loop"), ("loop", "loops or points nowhere")),
+    "pipe": (lambda s, t: os.mkfifo(s / "scheduler/fifo"), ("scheduler/fifo", "a pipe")),
+    "config not JSON": (lambda s, t: (s / "transformer/config.json").write_text("{hidden_size: 64"),
+                        ("transformer/config.json", "not valid JSON")),
+    "hidden_size 1e9": (lambda s, t: _config(s, hidden_size=10**9), ("config.json", "expects [1000000000]")),
+    "index names a shard outside": (
+        lambda s, t: (s / "transformer/diffusion_pytorch_model.safetensors.index.json").write_text(json.dumps(
+            {"weight_map": {"proj_out.weight": "../../outside.safetensors"}})),
+        ("safetensors.index.json", "'../../outside.safetensors'", "not a file beside the index")),
+    "BF16 header says F16": (lambda s, t: _header_dtype(s, "layers.0.input_layernorm.weight", "F16"),
+                             ("tensor layers.0.input_layernorm.weight is F16", "has it BF16")),
+}
+
+
+@pytest.mark.parametrize("fault", SOURCE_FAULTS)
+def test_build_refuses_a_bad_source_before_any_work(fault: str, tiny: Path, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(tiny / "source", source)
+    shutil.copytree(tiny / "reference", tmp_path / "reference")  # where the source's fixture.json says it is
+    (tmp_path / "outside.txt").write_text("not the source's")
+    damage, names = SOURCE_FAULTS[fault]
+    damage(source, tmp_path)
+    result = invoke("build", "rtn", "--source", source, "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    refused(result, *names)
+    assert not (tmp_path / "dist").exists()
+
+
+def test_a_source_in_the_hugging_face_cache_is_links_into_its_blobs(tiny: Path, tmp_path: Path) -> None:
+    """A cache snapshot's files are links into ``blobs``: taken; a link out of the cache is still refused."""
+    from release.inputs.source import check_architecture
+
+    repo = tmp_path / "models--nvidia--Cosmos3-Nano-Policy-DROID"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    for path in sorted((tiny / "source").rglob("*")):
+        if path.is_file():
+            blob = repo / "blobs" / hashlib.sha256(path.read_bytes()).hexdigest()
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, blob)
+            link = snapshot / path.relative_to(tiny / "source")
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    assert check_architecture(snapshot)["hidden_size"] == 64
+    (snapshot / "notes.txt").symlink_to(tiny / "source" / "model_index.json")
+    with pytest.raises(ReleaseError, match=r"notes.txt: a link to .*, outside the source"):
+        check_architecture(snapshot)
 
 
 # --- the reference of `release verify`: a fixture's record of it, and its provenance.json ---

@@ -9,7 +9,6 @@ import fnmatch
 import hashlib
 import json
 import os
-import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from release.core.errors import ReleaseError
+from release.core.files import plain_files
 from release.core.io import sha256_file
 
 REPORT_DIR = "verification"
@@ -70,58 +70,6 @@ class Report(BaseModel):
     after_verification: list[str] = Field(description="patterns of the files card and eval add afterwards")
 
 
-def build_files(folder: Path) -> list[str]:
-    """Every file of a build folder, relative and sorted, without following anything.
-
-    A link is refused by name (the Hub stores files, and a link can be re-pointed after its target was hashed), so is
-    a link loop and anything that is neither a regular file nor a folder (a pipe would block the reader).
-    """
-    out: list[str] = []
-    stack = [folder]
-    while stack:
-        directory = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError as exc:
-            raise ReleaseError(f"{directory}: cannot be listed ({exc.strerror}); fix its permissions") from exc
-        for entry in entries:
-            path = Path(entry.path)
-            _check_name(path)
-            if entry.is_symlink():
-                raise ReleaseError(_link_refusal(path, folder))
-            if entry.is_dir(follow_symlinks=False):
-                stack.append(path)
-            elif entry.is_file(follow_symlinks=False):
-                out.append(path.relative_to(folder).as_posix())
-            else:
-                kind = "pipe" if stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode) else "device or socket"
-                raise ReleaseError(f"{path}: a {kind}, not a regular file; remove it from the build folder")
-    return sorted(out)
-
-
-def _check_name(path: Path) -> None:
-    """A name the Hub stores and a plan table shows as it is: valid UTF-8, no control characters (a newline would
-    break the plan's table and the manifest's lines)."""
-    try:
-        path.name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ReleaseError(f"{str(path)!a}: its name is not valid UTF-8 (the Hub stores UTF-8 names); rename "
-                           "or remove it") from None
-    if any(ord(c) < 32 or ord(c) == 127 for c in path.name):
-        raise ReleaseError(f"{str(path)!a}: its name holds a control character (a newline or a tab); rename or "
-                           "remove it")
-
-
-def _link_refusal(path: Path, folder: Path) -> str:
-    target = os.readlink(path)
-    try:
-        outside = not path.resolve(strict=True).is_relative_to(folder.resolve())
-    except (OSError, RuntimeError):  # a loop (RuntimeError on Python 3.11) or a dangling link
-        return f"{path}: a link ({target}) that loops or points nowhere; remove it from the build folder"
-    where = ", outside the build folder" if outside else ""
-    return f"{path}: a link to {target}{where}; the Hub stores files, not links: replace it with the file or remove it"
-
-
 def matches(rel: str, patterns: tuple[str, ...]) -> bool:
     """Whether the relative path matches one of the patterns (``*`` does not cross a ``/``)."""
     return any(rel.count("/") == p.count("/") and fnmatch.fnmatchcase(rel, p) for p in patterns)
@@ -133,8 +81,8 @@ def after_verification(rel: str) -> bool:
 
 def manifest_files(folder: Path) -> list[str]:
     """The files a manifest covers: every file of the build but ``verification/`` and what is added later (links
-    and other non-files refused, :func:`build_files`)."""
-    return [rel for rel in build_files(folder) if not rel.startswith(f"{REPORT_DIR}/") and not after_verification(rel)]
+    and other non-files refused, :func:`release.core.files.plain_files`)."""
+    return [rel for rel in plain_files(folder) if not rel.startswith(f"{REPORT_DIR}/") and not after_verification(rel)]
 
 
 def file_manifest(folder: Path, files: list[str]) -> dict[str, FileEntry]:

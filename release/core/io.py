@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from release.core.errors import ReleaseError
 
@@ -200,39 +200,54 @@ def _refuse_full_disk(final: Path, written: Path, exc: BaseException) -> None:
                            "write the outputs to another disk") from exc
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """``path`` holds ``data`` whole, or its old content: a failed write leaves no temporary (a full disk: a one-line
-    error naming ``path``)."""
+def _open_temporary(path: Path) -> tuple[Path, BinaryIO]:
+    """A new temporary beside ``path``, this process's, opened exclusively and never through a link (a link planted
+    at its name is refused; one at another name is never touched)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    if tmp.is_symlink():
+        raise ReleaseError(f"{tmp}: a link where this command writes a temporary; remove it")
+    tmp.unlink(missing_ok=True)  # this pid's, from an earlier run that was killed
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    return tmp, os.fdopen(fd, "wb")
+
+
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[BinaryIO]:
+    """A file to write ``path``'s new content to (``torch.save``, ``np.save``), renamed over ``path`` when the block
+    ends: ``path`` holds the new content whole or its old one. A failure removes the temporary (a full disk: a
+    one-line error naming ``path``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp, file = _open_temporary(path)
     try:
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    except Exception as exc:
-        try:
+        with file:
+            yield file
+    except BaseException as exc:
+        tmp.unlink(missing_ok=True)
+        if isinstance(exc, Exception):
             _refuse_full_disk(path, tmp, exc)
-        finally:
-            tmp.unlink(missing_ok=True)
         raise
+    os.replace(tmp, path)
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """``path`` holds ``data`` whole, or its old content (:func:`replacing`)."""
+    with replacing(path) as file:
+        file.write(data.encode() if isinstance(data, str) else data)
 
 
 def write_set(files: dict[Path, bytes | str]) -> None:
     """Write several outputs as one set (a card's READMEs, LICENSE and plots): every file to a temporary of this
-    process first (opened exclusively, never through a link), then each renamed over its name. A failure while
-    writing, a full disk above all, removes the temporaries and leaves every old file as it was (a one-line error
-    naming the file on a full disk); the renames need no space."""
+    process first (:func:`_open_temporary`), then each renamed over its name. A failure while writing, a full disk
+    above all, removes the temporaries and leaves every old file as it was (a one-line error naming the file on a
+    full disk); the renames need no space."""
     staged: list[tuple[Path, Path]] = []
     path = tmp = next(iter(files), Path("."))
     try:
         for path, data in files.items():
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            if tmp.is_symlink():
-                raise ReleaseError(f"{tmp}: a link where this command writes a temporary; remove it")
-            tmp.unlink(missing_ok=True)  # this pid's, from an earlier run that was killed
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+            tmp, file = _open_temporary(path)
             staged.append((tmp, path))
-            with os.fdopen(fd, "wb") as f:
-                f.write(data.encode() if isinstance(data, str) else data)
+            with file:
+                file.write(data.encode() if isinstance(data, str) else data)
     except Exception as exc:
         for written, _ in staged:
             written.unlink(missing_ok=True)
@@ -275,8 +290,15 @@ def exclusive_lock(path: Path, what: str) -> Iterator[None]:
     import fcntl
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # never through a link: the pid written below would truncate the file it points to
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise ReleaseError(f"{path}: a link where {what} keeps its lock file; remove it") from None
     try:
+        if os.fstat(fd).st_nlink > 1:
+            raise ReleaseError(f"{path}: the lock file has other names (a hard link); remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from release.core.config import SOURCE_ENV, ReleaseConfig
 from release.core.errors import ReleaseError
+from release.core.files import plain_files
 from release.core.io import read_json, write_json
 from release.inputs.fixture import content_revision
 
@@ -180,7 +180,15 @@ def read_headers(folder: Path, index_name: str) -> dict[str, tuple[str, tuple[in
 
     index_path = folder / index_name
     if index_path.is_file():
-        files = sorted(set(json.loads(index_path.read_text())["weight_map"].values()))
+        weight_map = read_json(index_path, "safetensors index", "hf download", ("weight_map",))["weight_map"]
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ReleaseError(f"{index_path}: 'weight_map' must map tensor names to shard file names; re-download "
+                               "the checkpoint")
+        files = sorted(set(weight_map.values()))
+        outside = [name for name in files if name in ("", ".", "..") or Path(name).name != name]
+        if outside:
+            raise ReleaseError(f"{index_path}: names shard {outside[0]!r}, which is not a file beside the index; "
+                               "an index names its shards by file name only: re-download the checkpoint")
     else:
         files = sorted(p.name for p in folder.glob("*.safetensors"))
     if not files:
@@ -217,18 +225,22 @@ def source_license(source: Path) -> dict[str, str] | None:
 
 
 def check_architecture(source: Path) -> dict[str, object]:
-    """Compare the transformer's tensors with ``Cosmos3OmniTransformer`` built from its config; return the config."""
+    """Check the source as a whole: its files are regular files (links only into a Hugging Face cache's blobs; they
+    are copied into every build), and the transformer's tensors have the shapes and dtypes of
+    ``Cosmos3OmniTransformer`` built from its config. Return the config."""
     from accelerate import init_empty_weights
     from diffusers import Cosmos3OmniTransformer
 
+    blobs = source.parent.parent / "blobs" if source.parent.name == "snapshots" else None
+    plain_files(source, "the source", links_into=blobs)
     cfg_path = source / "transformer" / "config.json"
     if not cfg_path.is_file():
         raise ReleaseError(f"{cfg_path}: missing; the source is not a Cosmos3 diffusers checkpoint")
-    config = json.loads(cfg_path.read_text())
-    try:
-        with init_empty_weights():
+    config = read_json(cfg_path, "transformer config", "hf download")
+    try:  # nothing allocated, buffers included: a config's sizes are only compared with the files' below
+        with init_empty_weights(include_buffers=True):
             model = Cosmos3OmniTransformer.from_config(config)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
         raise ReleaseError(f"{cfg_path}: not a valid Cosmos3OmniTransformer config: {exc}") from exc
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     found = read_headers(source / "transformer", "diffusion_pytorch_model.safetensors.index.json")
@@ -242,6 +254,12 @@ def check_architecture(source: Path) -> dict[str, object]:
                 f"{source}/transformer/{found[key][2]}: tensor {key} has shape {list(found[key][1])}, the "
                 f"architecture in {cfg_path} expects {list(expected[key])}"
             )
+    fp32 = model._keep_in_fp32_modules or []
+    for key in sorted(expected):  # what diffusers loads in bfloat16 keeps its fp32 modules in fp32
+        dtype = "F32" if any(m in key.split(".") for m in fp32) else "BF16"
+        if found[key][0] != dtype:
+            raise ReleaseError(f"{source}/transformer/{found[key][2]}: tensor {key} is {found[key][0]}, the BF16 "
+                               f"checkpoint has it {dtype}; re-download the source")
     extra = sorted(set(found) - set(expected))
     if extra:
         raise ReleaseError(f"{source}/transformer/{found[extra[0]][2]}: tensor {extra[0]} is not in the architecture")

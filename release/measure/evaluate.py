@@ -25,7 +25,7 @@ from release import __version__
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import atomic_write, cache_dir, read_json, write_json
+from release.core.io import atomic_write, cache_dir, read_json, replacing, write_json
 from release.core.output import info, progress
 from release.core.profile import device_name, stage
 from release.inputs.observations import Observation, action_sigma, load_observations, observation_set_digest
@@ -172,8 +172,8 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
                     write_json(paths[i].with_suffix(PERF), {"seconds": measure.seconds, "peak_bytes":
                                                             measure.peak_bytes, "device": device_name(),
                                                             "graphs": graphed})
-                np.save(paths[i].with_suffix(".tmp.npy"), actions)
-                paths[i].with_suffix(".tmp.npy").replace(paths[i])
+                with replacing(paths[i]) as file:
+                    np.save(file, actions)
                 bar.advance()
         del pipe
         free_memory()  # before the next path's model is placed

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from release import __version__
-from release.check.report import CARD_FILES, build_files, matches
+from release.check.report import CARD_FILES, matches
 from release.core.builds import load_release
 from release.core.config import ReleaseConfig
 from release.core.errors import ReleaseError
+from release.core.files import plain_files
 from release.core.io import atomic_dir, atomic_write, replaceable_folder
 from release.publish.plan import RepoPlan, hub_endpoint, human_size, remote_label, render_plan, repo_status
 from release.publish.request import PushRequest
@@ -140,7 +141,7 @@ def write_preview(out: Path, plans: list[RepoPlan], request: PushRequest, dist: 
         atomic_write(tmp / "plan.md", render_plan(plans, request, "text") + "\n")
         atomic_write(tmp / "plan.json", render_plan(plans, request, "json") + "\n")
         for build in request.builds:
-            for rel in build_files(dist / build.repo):
+            for rel in plain_files(dist / build.repo):
                 if matches(rel, CARD_FILES):
                     atomic_write(tmp / "cards" / build.repo / rel, (dist / build.repo / rel).read_bytes())
 
@@ -183,7 +184,7 @@ class CardChange:
 def _card_files(dist: Path | None) -> dict[str, bytes]:
     """Every card file ``release card`` wrote under ``dist``, by REPO/FILE."""
     repos = sorted(p for p in dist.iterdir() if p.is_dir()) if dist is not None and dist.is_dir() else []
-    return {f"{repo.name}/{rel}": (repo / rel).read_bytes() for repo in repos for rel in build_files(repo)
+    return {f"{repo.name}/{rel}": (repo / rel).read_bytes() for repo in repos for rel in plain_files(repo)
             if matches(rel, CARD_FILES)}
 
 

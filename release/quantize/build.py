@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,16 @@ from release import __version__
 from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig, builds_dir
 from release.core.errors import ReleaseError
-from release.core.io import atomic_dir, build_date, cache_dir, output_folder, sha256_file, tool_commit, write_json
+from release.core.io import (
+    atomic_dir,
+    build_date,
+    cache_dir,
+    output_folder,
+    replacing,
+    sha256_file,
+    tool_commit,
+    write_json,
+)
 from release.core.output import info, progress, warning
 from release.core.profile import stage
 from release.inputs.observations import Observation, dataset_id, load_observations, observation_set_digest, split
@@ -104,8 +112,8 @@ def capture_calibration(request: BuildRequest, observations: list[Observation]) 
                 with stage("capture: rollouts"), capture_calls(pipe.transformer, calls.append):
                     rollout(pipe, obs, request.release.policy)
                 path = folder / f"obs-{obs.obs_id:05d}.pt"
-                torch.save(calls, path.with_suffix(".tmp"))
-                os.replace(path.with_suffix(".tmp"), path)
+                with replacing(path) as file:
+                    torch.save(calls, file)
                 bar.advance()
         from release.core.memory import cap
 
