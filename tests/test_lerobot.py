@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,21 +203,59 @@ def test_the_draw_is_deterministic_and_skips_episodes_without_an_instruction(dat
     assert [o.episode_id for o in load_observations(other)] != [o.episode_id for o in load_observations(first)][:5]
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    ("version", "codebase_version 'v2.0' is not one this tool reads (v2.1, v3.0)"),
-    ("camera", "camera 'observation.images.wrist_left' is missing"),
-])
-def test_bad_datasets_are_one_line_errors(dataset: Path, tmp_path: Path, edit: str, message: str) -> None:
+def _info(**fields: Any) -> Callable[[Path, dict[str, Any]], None]:
+    return lambda root, info: info.update(fields)
+
+
+def _templates(data: str, video: str) -> Callable[[Path, dict[str, Any]], None]:
+    """info.json's data and video templates with ``{d}`` and ``{v}`` standing for the version's own."""
+    def edit(root: Path, info: dict[str, Any]) -> None:
+        info["data_path"] = data.format(d=info["data_path"])
+        info["video_path"] = video.format(v=info["video_path"])
+    return edit
+
+
+def _damaged(pattern: str, data: bytes | None) -> Callable[[Path, dict[str, Any]], None]:
+    """Every file matching ``pattern`` cut to half its size (``data`` None) or replaced by ``data``."""
+    def edit(root: Path, info: dict[str, Any]) -> None:
+        for path in root.glob(pattern):
+            path.write_bytes(path.read_bytes()[:path.stat().st_size // 2] if data is None else data)
+    return edit
+
+
+BAD_DATASETS: dict[str, tuple[Callable[[Path, dict[str, Any]], None], str]] = {
+    "version": (_info(codebase_version="v2.0"), "codebase_version 'v2.0' is not one this tool reads (v2.1, v3.0)"),
+    "camera": (lambda root, info: info["features"].pop("observation.images.wrist_left"),
+               "camera 'observation.images.wrist_left' is missing"),
+    "fps a string": (_info(fps="15"), "field 'fps' is '15'; it must be the frame rate, a positive number"),
+    "fps 0": (_info(fps=0), "field 'fps' is 0; it must be the frame rate"),
+    "template reads an attribute": (_templates("{{episode_chunk.__class__.__name__}}{d}", "{v}"),
+                                    "field 'data_path' formats {episode_chunk.__class__.__name__}"),
+    "template indexes": (_templates("{d}", "{{video_key[0]}}{v}"), "field 'video_path' formats {video_key[0]}"),
+    "template pads to 10^12": (_templates("{{file_index:01000000000000d}}{d}", "{v}"), "formats {file_index:01000000"),
+    "template names another field": (_templates("{{root}}{d}", "{v}"), "field 'data_path' formats {root}"),
+    "template escapes the dataset": (_templates("../../{d}", "{v}"), "outside the dataset"),
+    "truncated parquet": (_damaged("data/*/*.parquet", None), "not a readable parquet table"),
+    "garbage mp4": (_damaged("videos/**/*.mp4", b"\x00\x00\x00\x18ftypmp42" + bytes(200)), "not a readable video"),
+    "truncated mp4": (_damaged("videos/**/*.mp4", None), "not a readable video"),
+}
+
+
+@pytest.mark.parametrize("fault", BAD_DATASETS)
+def test_bad_datasets_are_one_line_errors(dataset: Path, tmp_path: Path, fault: str) -> None:
+    """Issue 34: what info.json says is checked before it is used (a path template formats only its documented
+    fields and stays inside the dataset), and a damaged table or video is named."""
     copy = tmp_path / "copy"
     shutil.copytree(dataset, copy)
     info = json.loads((copy / "meta/info.json").read_text())
-    if edit == "version":
-        info["codebase_version"] = "v2.0"
-    else:
-        del info["features"]["observation.images.wrist_left"]
+    edit, message = BAD_DATASETS[fault]
+    if fault.startswith("template") and "{file_index" in message and info["codebase_version"] == "v2.1":
+        edit, message = _templates("{{episode_index:01000000000000d}}{d}", "{v}"), "formats {episode_index:01000000"
+    edit(copy, info)
     (copy / "meta/info.json").write_text(json.dumps(info))
     result = invoke("observations", "import-lerobot", copy, "--out", tmp_path / "obs", "--labs", "TRI")
     assert result.exit_code == 2 and result.output.count("\n") == 1 and message in result.output, result.output
+    assert "internal error" not in result.output
     assert not (tmp_path / "obs").exists()
 
 

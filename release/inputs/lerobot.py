@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import string
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from release.core.errors import ReleaseError
-from release.core.io import atomic_dir, output_folder, write_json
+from release.core.io import MAX_JSON_BYTES, atomic_dir, output_folder, write_json
 from release.inputs.observations import CAMERAS, FORMAT, check_instruction, check_state
 
 VERSIONS = ("v2.1", "v3.0")
@@ -83,11 +85,63 @@ class Dataset:
 
 def _json(path: Path) -> Any:
     try:
+        if path.stat().st_size > MAX_JSON_BYTES:
+            raise ReleaseError(f"{path}: {path.stat().st_size:,} bytes, more than a LeRobot metadata file holds; the "
+                               "dataset is damaged")
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
         raise ReleaseError(f"{path}: missing; not a LeRobot dataset (expected meta/info.json and its tables)") from exc
     except ValueError as exc:
         raise ReleaseError(f"{path}: not valid JSON ({exc}); the dataset is damaged") from exc
+    except RecursionError as exc:
+        raise ReleaseError(f"{path}: nested too deeply to read; the dataset is damaged") from exc
+
+
+def _table(path: Path, columns: list[str] | None = None, schema: bool = False) -> Any:
+    """A parquet file's table (or its schema); a file pyarrow cannot read is a one-line error naming it."""
+    pq, _ = _modules()
+    try:
+        return pq.read_schema(path) if schema else pq.read_table(path, columns=columns).to_pandas()
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError, its IO errors OSErrors
+        raise ReleaseError(f"{path}: not a readable parquet table ({str(exc).splitlines()[0]}); the dataset is "
+                           "damaged: download it again") from exc
+
+
+# The fields each path template of info.json may name, by codebase version (lerobot's own templates use no other)
+PATH_FIELDS = {("v2.1", "data_path"): {"episode_chunk", "episode_index"},
+               ("v2.1", "video_path"): {"episode_chunk", "episode_index", "video_key"},
+               ("v3.0", "data_path"): {"chunk_index", "file_index"},
+               ("v3.0", "video_path"): {"chunk_index", "file_index", "video_key"}}
+_WIDTH = re.compile(r"0?[1-9]?d?")  # a zero-padded width of at most 9 digits: what lerobot writes (03d, 06d)
+
+
+def _check_template(info_path: Path, version: str, key: str, template: object) -> None:
+    """``template`` formats only the documented fields, plainly: no attribute or index access, no conversion, a
+    width of at most 9 (a width of 10^12 would build a terabyte string)."""
+    allowed = PATH_FIELDS[(version, key)]
+    if not isinstance(template, str):
+        raise ReleaseError(f"{info_path}: field {key!r} must be a path template (a string)")
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ReleaseError(f"{info_path}: field {key!r} is not a format string ({exc})") from exc
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if name not in allowed or conversion or not _WIDTH.fullmatch(spec or ""):
+            raise ReleaseError(f"{info_path}: field {key!r} formats {{{name}{'!' + conversion if conversion else ''}"
+                               f"{':' + spec if spec else ''}}}; a {version} template may name only "
+                               f"{', '.join(sorted(allowed))}, each as {{name}} or {{name:0Nd}}")
+
+
+def _inside(ds: Dataset, key: str, **fields: object) -> Path:
+    """The dataset file that the template ``key`` names for ``fields``; one outside the dataset is refused."""
+    rel = Path(ds.info[key].format(**fields))
+    path = ds.root / rel
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ReleaseError(f"{ds.root / 'meta' / 'info.json'}: field {key!r} names {rel}, outside the dataset; "
+                           "the files must be inside the dataset folder")
+    return path
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -107,7 +161,7 @@ def open_dataset(root: Path) -> Dataset:
     """The dataset's metadata, checked: a known codebase version and every DROID feature the import reads."""
     import pandas as pd
 
-    pq, _ = _modules()
+    _modules()  # the extra's absence said first
     info_path = root / "meta" / "info.json"
     info = _json(info_path)
     version = info.get("codebase_version") if isinstance(info, dict) else None
@@ -129,8 +183,13 @@ def open_dataset(root: Path) -> Dataset:
         raise ReleaseError(f"{info_path}: feature {STATE!r} has shape {features[STATE].get('shape')}; DROID's is [8] "
                            "(7 joint positions and the gripper)")
     for key in ("fps", "data_path", "video_path"):
-        if not info.get(key):
+        if key not in info:
             raise ReleaseError(f"{info_path}: field {key!r} is missing")
+    fps = info["fps"]
+    if isinstance(fps, bool) or not isinstance(fps, int | float) or not math.isfinite(fps) or fps <= 0:
+        raise ReleaseError(f"{info_path}: field 'fps' is {fps!r}; it must be the frame rate, a positive number")
+    for key in ("data_path", "video_path"):
+        _check_template(info_path, version, key, info[key])
     if version == "v2.1":
         episodes = pd.DataFrame(_jsonl(root / "meta" / "episodes.jsonl"))
     else:
@@ -138,7 +197,7 @@ def open_dataset(root: Path) -> Dataset:
         if not files:
             raise ReleaseError(f"{root / 'meta' / 'episodes'}: no episode tables (chunk-*/file-*.parquet); the v3.0 "
                                "dataset is incomplete")
-        episodes = pd.concat([pq.read_table(f).to_pandas() for f in files], ignore_index=True)
+        episodes = pd.concat([_table(f) for f in files], ignore_index=True)
     if "episode_index" not in episodes:
         raise ReleaseError(f"{root / 'meta'}: the episode table has no 'episode_index'")
     return Dataset(root, version, info, episodes.sort_values("episode_index").reset_index(drop=True))
@@ -147,13 +206,12 @@ def open_dataset(root: Path) -> Dataset:
 def _data_files(ds: Dataset) -> list[Path]:
     chunks = int(ds.info.get("chunks_size", 1000))
     if ds.version == "v2.1":
-        rels = [ds.info["data_path"].format(episode_chunk=int(e) // chunks, episode_index=int(e))
-                for e in ds.episodes["episode_index"]]
+        paths = [_inside(ds, "data_path", episode_chunk=int(e) // chunks, episode_index=int(e))
+                 for e in ds.episodes["episode_index"]]
     else:
         pairs = sorted({(int(c), int(f)) for c, f in zip(ds.episodes["data/chunk_index"],
                                                           ds.episodes["data/file_index"], strict=True)})
-        rels = [ds.info["data_path"].format(chunk_index=c, file_index=f) for c, f in pairs]
-    paths = [ds.root / rel for rel in rels]
+        paths = [_inside(ds, "data_path", chunk_index=c, file_index=f) for c, f in pairs]
     missing = next((p for p in paths if not p.is_file()), None)
     if missing is not None:
         raise ReleaseError(f"{missing}: missing; the episode table lists it")
@@ -205,8 +263,7 @@ def _tasks(ds: Dataset) -> dict[int, str]:
             raise ReleaseError(f"{path}: a line without an integer 'task_index' and a string 'task'; lerobot writes "
                                '{"task_index": i, "task": "..."} on each line')
         return {r[TASK_INDEX]: r[TASK] for r in rows}
-    pq, _ = _modules()
-    table = pq.read_table(path).to_pandas()
+    table = _table(path)
     texts = table[TASK] if TASK in table.columns else table.index
     if TASK_INDEX not in table.columns or not all(isinstance(t, str) for t in texts):
         raise ReleaseError(f"{path}: not a task table (lerobot indexes it by the task string, with a 'task_index' "
@@ -254,17 +311,16 @@ def frames(ds: Dataset, lab_field: str = LAB) -> Frames:
     """Every frame's episode, index, timestamp, lab, instruction and state (only those columns are read)."""
     import pandas as pd
 
-    pq, _ = _modules()
     level = _lab_level(ds, lab_field)
     required = ["episode_index", "frame_index", "timestamp", STATE, *([lab_field] if level == "frame" else [])]
     wanted = list(dict.fromkeys([*required, *INSTRUCTIONS, TASK, TASK_INDEX]))
     paths, parts = _data_files(ds), []
     for path in paths:
-        schema = pq.read_schema(path)
+        schema = _table(path, schema=True)
         missing = [c for c in required if c not in schema.names]
         if missing:
             raise ReleaseError(f"{path}: column {missing[0]!r} is missing")
-        parts.append(pq.read_table(path, columns=[c for c in wanted if c in schema.names]).to_pandas())
+        parts.append(_table(path, columns=[c for c in wanted if c in schema.names]))
     table = pd.concat(parts, ignore_index=True)
     table["instruction"], instruction_field = _instructions(ds, table, paths[0])
     labs = table[lab_field] if level == "frame" else \
@@ -300,14 +356,13 @@ def _video(ds: Dataset, episode: int, key: str) -> tuple[Path, float]:
     """The video file of ``episode`` for camera ``key`` and where the episode starts in it (seconds)."""
     chunks = int(ds.info.get("chunks_size", 1000))
     if ds.version == "v2.1":
-        rel = ds.info["video_path"].format(episode_chunk=episode // chunks, video_key=key, episode_index=episode)
+        path = _inside(ds, "video_path", episode_chunk=episode // chunks, video_key=key, episode_index=episode)
         offset = 0.0
     else:
         row = ds.episodes.loc[ds.episodes["episode_index"] == episode].iloc[0]
-        rel = ds.info["video_path"].format(video_key=key, chunk_index=int(row[f"videos/{key}/chunk_index"]),
-                                           file_index=int(row[f"videos/{key}/file_index"]))
+        path = _inside(ds, "video_path", video_key=key, chunk_index=int(row[f"videos/{key}/chunk_index"]),
+                       file_index=int(row[f"videos/{key}/file_index"]))
         offset = float(row[f"videos/{key}/from_timestamp"])
-    path = ds.root / rel
     if not path.is_file():
         raise ReleaseError(f"{path}: missing; camera {key!r} of episode {episode} is in it")
     return path, offset
@@ -316,17 +371,21 @@ def _video(ds: Dataset, episode: int, key: str) -> tuple[Path, float]:
 def decode_frame(path: Path, time: float, fps: float) -> np.ndarray:
     """The RGB frame of ``path`` whose presentation time is nearest to ``time``, within half a frame period."""
     _, av = _modules()
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        base = float(stream.time_base)
-        container.seek(max(0, math.floor(time / base)), stream=stream, backward=True, any_frame=False)
-        best, best_gap = None, math.inf
-        for frame in container.decode(stream):
-            gap = abs(float(frame.pts) * base - time)
-            if gap < best_gap:
-                best, best_gap = frame, gap
-            if float(frame.pts) * base > time + 0.5 / fps:
-                break
+    try:
+        with av.open(str(path)) as container:
+            stream = container.streams.video[0]
+            base = float(stream.time_base)
+            container.seek(max(0, math.floor(time / base)), stream=stream, backward=True, any_frame=False)
+            best, best_gap = None, math.inf
+            for frame in container.decode(stream):
+                gap = abs(float(frame.pts) * base - time)
+                if gap < best_gap:
+                    best, best_gap = frame, gap
+                if float(frame.pts) * base > time + 0.5 / fps:
+                    break
+    except (av.FFmpegError, IndexError) as exc:  # IndexError: a container without a video stream
+        raise ReleaseError(f"{path}: not a readable video ({str(exc).splitlines()[0] or 'no video stream'}); the "
+                           "dataset is damaged: download it again") from exc
     if best is None or best_gap >= 0.5 / fps:
         raise ReleaseError(f"{path}: no frame at {time:.4f} s (nearest {best_gap:.4f} s away); the video does not "
                            "match the episode table")
