@@ -15,7 +15,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from release.core.config import BUILD_NAME, BuildConfig, ReleaseConfig, builds_dir
+from release.core.config import BUILD_NAME, BUILD_NAME_RULE, BuildConfig, ReleaseConfig, builds_dir
 from release.core.errors import ReleaseError
 
 RELEASE_NOTES = "RELEASES.md"  # beside release.yaml: one section of release notes per release version
@@ -190,7 +190,8 @@ def available_builds(directory: Path | None = None) -> list[str]:
 def load_build(name: str, directory: Path | None = None) -> BuildConfig:
     d = directory or builds_dir()
     if not BUILD_NAME.fullmatch(name):  # a name becomes a path: builds/<name>.yaml, nothing outside builds/
-        raise ReleaseError(f"build name {name!r}: use letters, digits, '_' and '-' only (the stem of a file in {d})")
+        raise ReleaseError(f"build name {name[:80]!r}{'...' if len(name) > 80 else ''}: use {BUILD_NAME_RULE} (the "
+                           f"stem of a file in {d})")
     path = d / f"{name}.yaml"
     if name == "release" or not path.is_file():
         names = ", ".join(available_builds(d)) or "none"

@@ -101,14 +101,14 @@ class PolicySettings(_Strict):
                              "hold beyond one noise draw (K times the rollouts)")
 
 
-BUILD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")  # a build file's stem: builds/<name>.yaml
+BUILD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a build file's stem: builds/<name>.yaml
+BUILD_NAME_RULE = "letters, digits, '_' and '-', at most 64 characters"
 
 
 def _unique_build_names(names: list[str], field: str) -> list[str]:
     for name in names:
         if not BUILD_NAME.fullmatch(name):
-            raise ValueError(f"{name!r} is not a build name (the stem of a file in builds/: letters, digits, '_' "
-                             "and '-')")
+            raise ValueError(f"{name!r} is not a build name (the stem of a file in builds/: {BUILD_NAME_RULE})")
     repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
     if repeated is not None:
         raise ValueError(f"{repeated!r} is listed twice in '{field}'; list each build once")

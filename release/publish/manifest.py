@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from release import __version__
 from release.check.report import CARD_FILES, REPORT_JSON, Report, matches, parse_report
 from release.core.builds import available_builds, load_build, load_release
-from release.core.config import BUILD_NAME, BuildConfig, ReleaseConfig, builds_dir, hub_name
+from release.core.config import BUILD_NAME, BUILD_NAME_RULE, BuildConfig, ReleaseConfig, builds_dir, hub_name
 from release.core.errors import ReleaseError
 from release.core.files import plain_files
 from release.core.io import atomic_write, cache_dir, output_folder, write_json
@@ -84,7 +84,7 @@ class LockedSibling(_Strict):
     @classmethod
     def _build(cls, v: str) -> str:
         if not BUILD_NAME.fullmatch(v):
-            raise ValueError(f"{v!r} is not a build name (letters, digits, '_' and '-')")
+            raise ValueError(f"{v!r} is not a build name ({BUILD_NAME_RULE})")
         return v
 
     @field_validator("repo")
