@@ -223,6 +223,26 @@ def test_a_full_disk_is_one_line_naming_the_build_and_leaves_nothing(where: str,
     assert result.exit_code == (2 if "No space left" in str(error) else 1), result.output
 
 
+@pytest.mark.parametrize("damage", ["cut short", "not torch's format"])
+def test_a_damaged_calibration_capture_is_named_removed_and_captured_again(damage: str, tiny: Path, rtn_build: Path,
+                                                                          cheap_builds: Path, tmp_path: Path) -> None:
+    """Issue 34: a capture file of the cache damaged on disk is named on stderr, removed and captured again; the
+    build goes on, its bytes those of a build from the intact capture."""
+    from release.core.io import cache_dir
+
+    captures = sorted(cache_dir().glob("calibration/*/obs-00003.pt"))
+    assert captures, "the session's RTN build left its capture in the cache"
+    damaged = captures[0]
+    intact = damaged.read_bytes()
+    damaged.write_bytes(intact[: len(intact) // 2] if damage == "cut short" else b"not a torch file")
+    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path / "dist")
+    assert result.exit_code == 0, result.output
+    assert f"{damaged}: a damaged calibration capture (" in result.stderr
+    assert "removed, captured again" in result.stderr
+    assert damaged.read_bytes() == intact  # the capture is deterministic: the same calls again
+
+
 def test_same_inputs_give_byte_identical_builds(tiny: Path, cheap_builds: Path, tmp_path: Path) -> None:
     """Two builds in two processes (so with different string hashing) into the same --out: every file, including
     both modelopt_state.pth, provenance.json and the verification report, is the same byte for byte."""

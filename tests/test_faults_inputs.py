@@ -513,6 +513,14 @@ CARD_FAULTS = {
                                        ("report.json", "'checks'", "a status", "release verify rtn")),
     "provenance.json empty object": (f"{RTN}/provenance.json", lambda t: "{}",
                                      ("provenance.json", "release build rtn")),
+    "provenance recipe a number": (f"{RTN}/provenance.json", lambda t: json.dumps({**json.loads(t), "recipe": 5}),
+                                   ("provenance.json: field 'recipe': Input should be a valid dictionary",
+                                    "release build rtn")),
+    "provenance fp8 a string": (f"{RTN}/provenance.json", lambda t: json.dumps({**json.loads(t), "fp8": "x"}),
+                                ("provenance.json: field 'fp8'", "release build rtn")),
+    "provenance date not a date": (f"{RTN}/provenance.json",
+                                   lambda t: json.dumps({**json.loads(t), "date": "yesterday"}),
+                                   ("provenance.json: field 'date'", "release build rtn")),
 }
 
 

@@ -504,6 +504,16 @@ def _edit_report_sidecar(lock: dict[str, Any]) -> None:
     _resign(sidecar)
 
 
+def _retype_other_provenance(lock: dict[str, Any]) -> None:
+    """Issue 34: a provenance of the sweep (not a sibling's, so not hash-bound to a verified file) whose 'fp8' is a
+    string, re-signed."""
+    other = json.loads("\n".join(lock["sidecars"][f"{RTN}/provenance.json"]["lines"]))
+    other.update(build="rtn_mavg", repo=f"{RTN}-RTN-MovingAvgObserver", fp8="x")
+    sidecar = {"lines": json.dumps(other, indent=2).split("\n")}
+    _resign(sidecar)
+    lock["sidecars"][f"{RTN}-RTN-MovingAvgObserver/provenance.json"] = sidecar
+
+
 def _rename_sidecar(lock: dict[str, Any], new: str) -> None:
     lock["sidecars"][new] = lock["sidecars"].pop(f"{RTN}/provenance.json")
 
@@ -519,6 +529,8 @@ def _rename_sidecar(lock: dict[str, Any], new: str) -> None:
      ["field 'sidecars['tables/tables.json']': its lines do not hash to its sha256 (edited by hand?)"]),
     (_edit_provenance, 2, [f"the sidecar {RTN}/provenance.json is not the file of siblings[0]"]),
     (_edit_report_sidecar, 2, [f"sidecar {RTN}/verification/report.json is not the file of siblings[0]"]),
+    (_retype_other_provenance, 2, ["provenance.json: field 'fp8': Input should be a valid dictionary",
+                                   "run 'release build"]),
     (lambda lock: _rename_file(lock, "../../etc/passwd"), 2,
      ["field 'siblings[0].files': '../../etc/passwd' is not a path inside a repo"]),
     (lambda lock: _rename_file(lock, "/etc/passwd"), 2, ["'/etc/passwd' is not a path inside a repo"]),

@@ -25,9 +25,10 @@ from release import __version__
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import atomic_write, cache_dir, read_json, replacing, write_json
+from release.core.io import atomic_write, cache_dir, replacing, write_json
 from release.core.output import info, progress
 from release.core.profile import device_name, stage
+from release.core.provenance import read_provenance
 from release.inputs.observations import Observation, action_sigma, load_observations, observation_set_digest
 from release.inputs.source import load_transformer, recalled_inputs, resolve_source, source_revision
 from release.measure.layout import EXTERNAL, EXTERNAL_TITLE, PERF, RESULTS, YARDSTICKS, as_external, external_name
@@ -306,12 +307,8 @@ def _label(request: EvalRequest, subject: Subject) -> str:
     if subject.revision is not None:
         return f"{request.path}:{EXTERNAL}:{build.name}:{subject.revision}:{__version__}:{EMULATION}"
     path = request.dist / build.repo / "provenance.json"
-    prov = read_json(path, "provenance", f"release build {build.name}")
-    calibration = prov.get("calibration")
-    config, data = prov.get("config_sha256"), calibration.get("sha256") if isinstance(calibration, dict) else None
-    if not isinstance(config, str) or not isinstance(data, str):
-        raise ReleaseError(f"{path}: fields 'config_sha256' and 'calibration.sha256' must be hashes; rebuild with "
-                           f"'release build {build.name}'")
+    prov = read_provenance(path, build.name)
+    config, data = prov["config_sha256"], prov["calibration"]["sha256"]
     return f"{request.path}:{build.name}:{config}:{data}:{__version__}:{EMULATION}"
 
 

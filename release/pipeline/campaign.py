@@ -28,9 +28,10 @@ from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 from release.core.builds import load_build
 from release.core.config import BuildConfig, CampaignEval, builds_dir
 from release.core.errors import ReleaseError
-from release.core.io import read_json, write_json
+from release.core.io import write_json
 from release.core.output import info, progress
 from release.core.profile import stage
+from release.core.provenance import read_provenance
 from release.inputs.fixture import fixture_reference
 from release.inputs.observations import observation_set_digest
 from release.inputs.source import remember_inputs
@@ -261,8 +262,8 @@ def _built(folder: Path, build: BuildConfig, revision: str) -> bool:
     path = folder / "provenance.json"
     if not path.is_file():
         return False
-    prov = read_json(path, "provenance", f"release build {build.name}")
-    if prov.get("config_sha256") != build.digest() or prov.get("source", {}).get("revision") != revision:
+    prov = read_provenance(path, build.name)
+    if prov["config_sha256"] != build.digest() or prov["source"]["revision"] != revision:
         return False
     loaded = load_report(folder, build.name)
     return loaded is None or all((folder / rel).is_file() for rel in loaded[0].manifest if _weights(rel))

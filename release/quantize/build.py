@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import pickle
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from release.core.io import (
 )
 from release.core.output import info, progress, warning
 from release.core.profile import stage
+from release.core.provenance import Provenance
 from release.inputs.observations import Observation, dataset_id, load_observations, observation_set_digest, split
 from release.inputs.source import (
     OBSERVATIONS_ENV,
@@ -155,12 +157,22 @@ class CalibrationData:
     sha256: str
 
     @classmethod
-    def load(cls, folder: Path, observations: list[Observation]) -> CalibrationData:
+    def load(cls, folder: Path, observations: list[Observation]) -> CalibrationData | None:
+        """The capture in ``folder``; None when one of its files is damaged (cut short, not torch's format): that
+        file is named and removed, for the caller to capture it again."""
         paths = [folder / f"obs-{o.obs_id:05d}.pt" for o in observations]
+        per_observation = []
+        for p in paths:
+            try:
+                per_observation.append(torch.load(p, weights_only=True))
+            except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+                warning(f"{p}: a damaged calibration capture ({str(exc).splitlines()[0]}); removed, captured again")
+                p.unlink()
+                return None
         h = hashlib.sha256()
         for p in paths:
             h.update(sha256_file(p).encode())
-        return cls([torch.load(p, weights_only=True) for p in paths], h.hexdigest())
+        return cls(per_observation, h.hexdigest())
 
     def calibration_calls(self, build: BuildConfig) -> list[dict[str, Any]]:
         calls = [c for per_obs in self.per_observation for c in per_obs]
@@ -233,6 +245,12 @@ class Builder:
         folder, policy_transformer = capture_calibration(request, calibration)
         with stage("load the calibration capture"):
             data = CalibrationData.load(folder, calibration)
+        if data is None:  # a damaged file, removed: its observation is captured again, once
+            folder, policy_transformer = capture_calibration(request, calibration)
+            data = CalibrationData.load(folder, calibration)
+            if data is None:
+                raise ReleaseError(f"{folder}: a calibration capture was damaged right after it was written; check "
+                                   f"the disk of {request.cache} (RELEASE_CACHE)")
         for build in request.builds:  # every build's data is checked before the first one is made
             data.calibration_calls(build), data.algorithm_calls(build)
         identity, release = request.identity, request.release  # said once the inputs and the capture are checked
@@ -272,7 +290,7 @@ class Builder:
             with bar.part("export"):
                 exported = export_build(quantized, build, source, on_device[0][0], tmp, _build_files(build))
             uses_data = build.needs_algorithm_data
-            write_json(tmp / "provenance.json", {
+            provenance = {
                 "build": build.name,
                 "repo": build.repo,
                 "recipe": {
@@ -310,7 +328,9 @@ class Builder:
                 "fp8": {k: exported[k] for k in ("codes_sha256", "codes", "input_amax")},
                 "config_sha256": build.digest(),
                 "date": build_date(),
-            })
+            }
+            Provenance.model_validate(provenance)  # what every reader relies on (a failure here is this tool's bug)
+            write_json(tmp / "provenance.json", provenance)
             del quantized, on_device, model
             bar.result = f"{exported['quantized_linears']} FP8 Linears written"
         return final

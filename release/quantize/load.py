@@ -24,8 +24,8 @@ from release.core.config import BuildConfig
 from release.core.conformance import EMULATION, MODELOPT, SCALED_MM
 from release.core.device import compute_device
 from release.core.errors import ReleaseError
-from release.core.io import read_json
 from release.core.memory import keep_whole
+from release.core.provenance import read_provenance
 from release.inputs.graphs import capturable
 from release.inputs.source import load_transformer
 from release.quantize.export import SERVING_ONLY
@@ -103,8 +103,8 @@ def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.
     if emulate is None:
         emulate = compute_device() != "cuda"
     provenance = folder / "provenance.json"  # an external checkpoint has none: NVIDIA's per-tensor scheme
-    rowwise = provenance.is_file() and read_json(provenance, "provenance", "release build").get("recipe", {}).get(
-        "scheme") == per_channel.SCHEME
+    rowwise = provenance.is_file() and \
+        read_provenance(provenance, None)["recipe"]["scheme"] == per_channel.SCHEME
     record = GemmRecord(EMULATION if emulate else SCALED_MM if rowwise else MODELOPT)
     model.gemm_record = record  # type: ignore[assignment]  # read by release eval
     for name in quantized_linears(model):

@@ -14,6 +14,7 @@ from release.check.report import INDEPENDENT
 from release.core.builds import available_builds, load_build
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.io import read_json
+from release.core.provenance import read_provenance
 from release.measure.paired import min_observations
 from release.measure.select import Candidate, Delivery, SelectionDoc
 from release.publish.card.conclusions import conclusions, use_advice
@@ -59,10 +60,6 @@ from release.publish.card.sections import (
     setup_rows,
 )
 from release.publish.evaluated import not_evaluated
-
-# what the card reads from provenance.json ('release build')
-PROVENANCE_FIELDS = ("source", "tool", "versions", "device", "calibration", "config_sha256", "quantized_linears",
-                     "date")
 
 
 def card_metadata(release: ReleaseConfig, prov: dict[str, Any]) -> ModelCardData:
@@ -127,7 +124,7 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
     t = translations(lang).gettext
     f = Formatter(lang)
     all_records = tables["records"]
-    prov = read_json(folder / "provenance.json", "provenance", f"release build {build.name}", PROVENANCE_FIELDS)
+    prov = read_provenance(folder / "provenance.json", build.name)
     report_path = folder / "verification" / "report.json"
     report = read_json(report_path, "verification report", f"release verify {build.name}", ("checks",))
     statuses = check_statuses(report, report_path, build.name)
@@ -277,5 +274,5 @@ def sweep_provenances(dist: Path) -> dict[str, dict[str, Any]]:
     for name in available_builds():
         path = dist / load_build(name).repo / "provenance.json"
         if path.is_file():
-            out[name] = read_json(path, "provenance", f"release build {name}")
+            out[name] = read_provenance(path, name)
     return out

@@ -13,7 +13,8 @@ from huggingface_hub import ModelCard
 from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import read_json, write_set
+from release.core.io import write_set
+from release.core.provenance import read_provenance
 from release.measure.layout import sweep_builds
 from release.measure.select import TABLES, Delivery, SelectionDoc, delivery, read_selection, read_tables_doc
 from release.publish.card.context import card_context, card_metadata, sweep_provenances
@@ -87,7 +88,7 @@ def marked(records: list[dict[str, Any]], have: Delivery) -> list[dict[str, Any]
 def license_text(release: ReleaseConfig, folder: Path, build: BuildConfig) -> str:
     """The source's LICENSE as the build recorded it (``provenance.json``), verbatim; a one-line pointer to the
     release's license link only when the source had none (the card says so)."""
-    prov = read_json(folder / "provenance.json", "provenance", f"release build {build.name}", ("source",))
+    prov = read_provenance(folder / "provenance.json", build.name)
     recorded = prov["source"].get("license")
     return str(recorded["text"]) if recorded else LICENSE_TEXT.format(name=release.license.name,
                                                                       link=release.license.link)
