@@ -50,6 +50,9 @@ Behaviour worth knowing:
 * ``fail_next_lfs_upload = N``: the next N LFS PUTs read part of the body and then close the socket without a
   response.  huggingface_hub's ``http_backoff`` retries ``PUT`` on ``httpx2.NetworkError`` /
   ``RemoteProtocolError`` (up to 5 retries, sleeping 1 s, 2 s, ...), so the commit still succeeds.
+* ``fail_next_commits = [...]``: each ``/commit`` takes the first item: ``"ok"`` (served as usual), an HTTP status
+  (the commit refused with it, nothing applied) or ``"drop after"`` (the commit applied, then the socket closed
+  without a response).
 * ``/commit`` with a ``parentCommit`` that is not the head of the target branch -> HTTP 412 (``HfHubHTTPError``).
   With ``create_pr=1`` the PR (``refs/pr/N``) starts from ``parentCommit`` (or the branch head) and the branch is
   left unchanged; the response carries ``pullRequestUrl`` (``.../discussions/N``) and ``pullRequestRevision``.
@@ -152,6 +155,7 @@ class FakeHub:
         self.lfs_objects: dict[str, bytes] = {}  # sha256 -> content
         self.fail_next_lfs_upload = 0
         self.dropped_lfs_uploads = 0
+        self.fail_next_commits: list[int | str] = []
         self.lfs_uploads: list[str] = []  # sha256 of every completed LFS PUT
         self.expected_token: str | None = None
         self.requests: list[tuple[str, str]] = []
@@ -826,7 +830,13 @@ class _Handler(BaseHTTPRequestHandler):
             raise _HubError(400, "Commit summary is required")
         create_pr = _truthy(self.query.get("create_pr"))
         parent = header.get("parentCommit")
+        with hub._lock:
+            failure = hub.fail_next_commits.pop(0) if hub.fail_next_commits else None
+        if isinstance(failure, int):
+            raise _HubError(failure, "commit refused (FakeHub.fail_next_commits)")
         new, pr = hub._apply_commit(repo, revision, summary, header.get("description") or "", ops, parent, create_pr)
+        if failure == "drop after":
+            raise _DropConnection()
         prefix = f"{hub.url}/{URL_PREFIX[repo.repo_type]}{repo.repo_id}"
         resp: dict[str, Any] = {
             "success": True,

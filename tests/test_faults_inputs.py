@@ -6,6 +6,7 @@ Observation sets and card inputs are copied to ``tmp_path`` before they are dama
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -465,6 +466,67 @@ def test_tables_out_is_a_file(tmp_path: Path) -> None:
     file.write_text("keep me")
     refused(invoke("tables", "rtn", "--dist", dist, "--out", file, "--resamples", "100"), "--out", "tables.txt")
     assert file.read_text() == "keep me" and not (dist / "tables").exists()
+
+
+# --- issue 34: a read-only output folder, for each command that writes: one line, exit 2, nothing changed ---
+
+def _read_only(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Everything under ``root`` refuses writes as a read-only file system does (EROFS): creating a folder, opening
+    a file to write, renaming into it. (A chmod would not do: the tests may run as root.)"""
+    def inside(path: Any) -> bool:
+        return Path(os.fsdecode(path)).absolute().is_relative_to(root.absolute())
+
+    def refuse(path: Any) -> OSError:
+        return OSError(errno.EROFS, "Read-only file system", os.fsdecode(path))
+
+    mkdir, open_, replace, rename = os.mkdir, os.open, os.replace, os.rename
+
+    def ro_mkdir(path: Any, *args: Any, **kwargs: Any) -> None:
+        if inside(path):
+            raise refuse(path)
+        mkdir(path, *args, **kwargs)
+
+    def ro_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT) and inside(path):
+            raise refuse(path)
+        return open_(path, flags, *args, **kwargs)
+
+    def ro_move(move: Callable[..., None]) -> Callable[..., None]:
+        def moved(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+            if inside(dst):
+                raise refuse(dst)
+            move(src, dst, *args, **kwargs)
+        return moved
+
+    monkeypatch.setattr(os, "mkdir", ro_mkdir)
+    monkeypatch.setattr(os, "open", ro_open)
+    monkeypatch.setattr(os, "replace", ro_move(replace))
+    monkeypatch.setattr(os, "rename", ro_move(rename))
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["fixture", "tables", "select", "card"])
+def test_a_read_only_output_is_one_line_and_changes_nothing(command: str, card_dist: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_faults_stats import make_dist
+
+    results = make_dist(tmp_path / "results")
+    args, root = {
+        "fixture": (("-q", "fixture", "tiny", "--out", tmp_path / "ro" / "fixture"), tmp_path / "ro"),
+        "tables": (("tables", "--dist", results, "--resamples", "100"), results),
+        "select": (("select", "--dist", card_dist), card_dist),
+        "card": (("card", "rtn", "--dist", card_dist), card_dist),
+    }[command]
+    root.mkdir(exist_ok=True)
+    before = _snapshot(root)
+    _read_only(root, monkeypatch)
+    out = refused(invoke(*args), str(root), "Read-only file system", "make it writable or choose another folder")
+    assert "internal error" not in out
+    monkeypatch.undo()
+    assert _snapshot(root) == before
 
 
 # --- item 10: `release card` inputs that are not what the stage before wrote ---

@@ -179,6 +179,57 @@ def test_hub_dropped_upload_is_retried(hub: FakeHub, dist: Path) -> None:
         assert hub.files(repo)[f"transformer/{shard.name}"] == shard.read_bytes()
 
 
+def test_a_commit_the_hub_applied_before_the_connection_dropped_is_tagged_by_the_rerun(hub: FakeHub,
+                                                                                    dist: Path) -> None:
+    """Issue 34: the commit applied, then the connection dropped (``RemoteProtocolError``): one line that says the
+    Hub may have applied it and that a rerun tags it; the rerun uploads nothing and tags the commit."""
+    hub.fail_next_commits = ["drop after"]
+    result = _push(hub, dist)
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "the connection dropped during the commit" in result.output and "may have applied it" in result.output
+    repo = f"np-cr/{RTN}"
+    assert len(hub.commits(repo)) == 2 and "v1.0.0" not in hub.tags(repo)  # committed, not tagged
+    again = _push(hub, dist)
+    assert again.exit_code == 0, again.output
+    assert "no changes, nothing uploaded; tagged v1.0.0" in again.output
+    assert hub.tags(repo)["v1.0.0"] == hub.head(repo) and len(hub.commits(repo)) == 2
+
+
+def test_an_lfs_upload_that_fails_every_time_is_one_line(hub: FakeHub, dist: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: huggingface_hub retries the dropped upload, then gives up with a RuntimeError: one line naming the
+    repo and the file, saying nothing was committed and the repo is left empty."""
+    import huggingface_hub.utils._http as http
+
+    monkeypatch.setattr(http.time, "sleep", lambda seconds: None)  # its back-off between retries
+    hub.fail_next_lfs_upload = 1000
+    result = _push(hub, dist)
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert f"np-cr/{RTN}: Error while uploading '" in result.output and "nothing was committed" in result.output
+    assert "the repo was created and is empty" in result.output and "Traceback" not in result.output
+    assert len(hub.commits(f"np-cr/{RTN}")) == 1  # the initial commit only
+
+
+def test_a_push_that_fails_on_a_later_repo_says_what_was_published_before(hub: FakeHub, dist: Path) -> None:
+    """Issue 34: the second repo's commit refused (HTTP 500) after the first was committed and tagged: the error
+    says so, with the first repo's commit."""
+    import dataclasses
+
+    from release.publish.push import run_push
+    from release.publish.request import PushRequest
+
+    request = PushRequest.create(("rtn",), None, dist, False, hub.url)
+    twice = dataclasses.replace(request, builds=[*request.builds, *request.builds])  # a second repo's push
+    hub.fail_next_commits = ["ok", 500]
+    with pytest.raises(ReleaseError) as caught:
+        run_push(twice)
+    message = str(caught.value)
+    head = hub.head(f"np-cr/{RTN}")
+    assert "the Hub refused the commit: HTTP 500; nothing was committed" in message
+    assert f"Published before it (1 of 2 repos): np-cr/{RTN}: committed {head[:12]} to main" in message
+    assert "tagged v1.0.0" in message
+
+
 def test_hub_pull_request_mode(hub: FakeHub, dist: Path) -> None:
     assert _push(hub, dist).exit_code == 0
     repo = f"np-cr/{RTN}"

@@ -3,6 +3,7 @@ after the command's name, the common options and the help's environment list."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -16,6 +17,9 @@ import click
 from release.core.errors import ReleaseError
 
 DEBUG_ENV = "RELEASE_DEBUG"
+# What the system refuses to a file the user named or a folder it is in (a read-only file system, permissions): the
+# user's to fix, said in one line; every output is written aside and put in place whole, so nothing is half-written.
+REFUSED_WRITES = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -80,6 +84,10 @@ class ReleaseGroup(_Command, _Commands):
         except Exception as exc:  # a bug, not bad input: say so, keep the traceback for RELEASE_DEBUG=1
             if os.environ.get(DEBUG_ENV) == "1":
                 raise
+            if isinstance(exc, OSError) and exc.errno in REFUSED_WRITES and exc.filename:
+                click.echo(f"error: {exc.filename}: {exc.strerror}; make it writable or choose another folder "
+                           "(nothing was replaced)", err=True)
+                sys.exit(2)
             if type(exc).__name__ == "OutOfMemoryError":  # torch's: too little GPU memory, not a bug
                 from release.core.memory import out_of_memory
 

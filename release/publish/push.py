@@ -142,7 +142,12 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
         made = "the repo" if not plan.exists else f"branch {plan.revision}"
         raise ReleaseError(f"{plan.repo_id}: creating {made} failed (HTTP {status}; 409: it was created after the "
                            "plan); nothing was committed; run 'release push' again to re-plan") from exc
+    except _transport_errors() as exc:
+        raise ReleaseError(f"{plan.repo_id}: the connection to the Hub failed while the repo or branch was created "
+                           f"({type(exc).__name__}); nothing was committed; run 'release push' again to re-plan") \
+            from exc
     created = f"created branch {plan.revision}, " if not plan.branch_exists else ""
+    empty = "the repo was created and is empty; " if not plan.exists else ""
     if not plan.changes:
         tagged = f"; {_tag(remote, plan, plan.head)}" if plan.head and plan.tag_action != "none" else ""
         return Pushed(f"{created}no changes, nothing uploaded{tagged}")
@@ -156,7 +161,17 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
         if status == 412:
             raise ReleaseError(f"{plan.repo_id}: the branch moved after the plan (parent {plan.head}); nothing "
                                "was overwritten; run 'release push' again to re-plan") from exc
-        raise ReleaseError(f"{plan.repo_id}: the Hub refused the commit: HTTP {status}") from exc
+        raise ReleaseError(f"{plan.repo_id}: the Hub refused the commit: HTTP {status}; nothing was committed; "
+                           f"{empty}run 'release push' again") from exc
+    except RuntimeError as exc:  # huggingface_hub: an LFS upload that still failed after its retries
+        cause = exc.__cause__ or exc
+        raise ReleaseError(f"{plan.repo_id}: {exc} ({type(cause).__name__}, after huggingface_hub's retries); "
+                           f"nothing was committed; {empty}run 'release push' again (uploaded files are not sent "
+                           "twice)") from exc
+    except _transport_errors() as exc:
+        raise ReleaseError(f"{plan.repo_id}: the connection dropped during the commit ({type(exc).__name__}): the "
+                           "Hub may have applied it; run 'release push' again: it re-plans against the Hub, "
+                           "commits only what is missing and tags the commit") from exc
     commit = done.oid
     if request.create_pr:
         return Pushed(f"{created}opened a pull request ({plural(len(ops), 'file')})", commit, done.pr_url)
@@ -167,6 +182,13 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
     tagged = _tag(remote, plan, commit) if plan.tag_action != "none" else f"not tagged (branch {plan.revision})"
     return Pushed(f"{created}committed {commit[:12]} to {plan.revision} ({plural(len(ops), 'file')}), {tagged}, "
                   "checksums verified", commit, done.commit_url)
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """What huggingface_hub's HTTP client raises when a connection fails (no HTTP status to report)."""
+    import httpx2
+
+    return (httpx2.TransportError,)
 
 
 def _copy_hashed(src: Path, dst: Path, sha256: str) -> None:
@@ -265,10 +287,17 @@ def _run_push(request: PushRequest, dist: Path, cache: HashCache,
             return render_plan(plans, request, request.fmt)
         info(f"Pushing release {request.release.version} to {destination(request)}: "
              f"{summary_line(plans, done=False)}")
-        pushed = []
+        pushed: list[Pushed] = []
         for i, (build, plan, local) in enumerate(zip(request.builds, plans, hashes, strict=True), 1):
             folder = dist / build.repo
             info(f"{plan.repo_id} ({i}/{len(plans)}): {_doing(plan, 'copying' if request.target else 'uploading')}")
-            pushed.append(_push_folder(remote, plan, folder, local) if isinstance(remote, FolderRemote)
-                          else _push_hub(remote, plan, folder, request, local))
+            try:
+                pushed.append(_push_folder(remote, plan, folder, local) if isinstance(remote, FolderRemote)
+                              else _push_hub(remote, plan, folder, request, local))
+            except ReleaseError as exc:
+                if not pushed:
+                    raise
+                before = "; ".join(f"{p.repo_id}: {d.result}" for p, d in zip(plans, pushed, strict=False))
+                raise type(exc)(f"{exc}. Published before it ({len(pushed)} of {len(plans)} repos): {before}") \
+                    from exc
     return render_pushed(plans, pushed, request)
