@@ -63,6 +63,12 @@ def _set(obs: Path, index: int, **fields: object) -> None:
     _write_lines(obs, lines)
 
 
+def _replace_line(obs: Path, index: int, text: str) -> None:
+    lines = _lines(obs)
+    lines[index] = text
+    _write_lines(obs, lines)
+
+
 def _camera(obs: Path, index: int, camera: str, path: str) -> None:
     lines = _lines(obs)
     record = json.loads(lines[index])
@@ -118,6 +124,10 @@ OBSERVATION_FAULTS: dict[str, tuple[Callable[[Path], object], tuple[str, ...]]] 
     "index.json not JSON": (lambda o: (o / "index.json").write_text('{"format": "release-droid-obs/1", '),
                             ("index.json", "not valid JSON")),
     "index.json not an object": (lambda o: (o / "index.json").write_text("[]"), ("index.json", "JSON object")),
+    "index.json nested 100,000 deep": (lambda o: (o / "index.json").write_text("[" * 100_000 + "]" * 100_000),
+                                       ("index.json", "nested too deeply to read")),
+    "a line nested 100,000 deep": (lambda o: _replace_line(o, 5, "[" * 100_000 + "]" * 100_000),
+                                   ("observations.jsonl:6", "nested too deeply to read")),
     "index.json wrong count": (lambda o: _index(o, count=47), ("index.json", "'count'", "47", "48")),
     "no observations.jsonl": (lambda o: (o / "observations.jsonl").unlink(), ("observations.jsonl", "missing")),
 }

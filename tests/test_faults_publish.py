@@ -454,8 +454,9 @@ def test_two_pushes_in_one_process_do_not_interleave(dist: Path, tmp_path: Path,
 
 
 @pytest.mark.parametrize("content, message", [
-    (b'{"checks": [', "not valid JSON (Expecting value at line 1)"),
+    (b'{"checks": [', "not valid JSON (Expecting value at line 1 column 13)"),
     (b"\xff\xfe\x00garbage", "not valid JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply to read"),
     (b"[]", "field '(top level)'"),
     (b'{"checks": [], "passed": true}', "written by an older 'release verify' (no file manifest)"),
 ])
@@ -464,6 +465,20 @@ def test_a_corrupt_report_is_a_one_line_error(content: bytes, message: str, dist
     path.write_bytes(content)
     _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2, f"{path}: {message}",
                     "rerun 'release verify rtn'")
+
+
+def test_json_nested_too_deeply_is_refused_where_the_tool_reads_it(dist: Path, tmp_path: Path) -> None:
+    """Issue 34: a JSON file of a build folder nested 100,000 deep cannot be scanned for secrets: refused in one
+    line; a hash cache nested so is a damaged cache, started afresh."""
+    from release.publish.hashing import HashCache
+
+    deep = b"[" * 100_000 + b"]" * 100_000
+    (dist / RTN / "notes.json").write_bytes(deep)
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2,
+                    f"{dist / RTN / 'notes.json'}: JSON nested too deeply to scan for secrets")
+    cache = tmp_path / "hashes.json"
+    cache.write_bytes(deep)
+    assert HashCache(cache).entries == {}
 
 
 # ---------------------------------------------------------------- 11. the release manifest (issue 15)
@@ -563,7 +578,8 @@ def test_a_bad_manifest_is_refused_by_its_field(edit: Any, code: int, parts: lis
 
 @pytest.mark.parametrize("content, message", [
     (None, "missing (the release manifest); run 'release manifest' after a real build and commit it"),
-    (b'{"format": ', "not valid JSON (Expecting value at line 1); run 'release manifest'"),
+    (b'{"format": ', "not valid JSON (Expecting value at line 1 column 12); run 'release manifest'"),
+    (b'{"a": ' * 100_000 + b"1" + b"}" * 100_000, "nested too deeply to read; run 'release manifest'"),
     (b"\x80\x81", "not valid JSON (not UTF-8 text)"),
     (b"[]", "field '(top level)'"),
 ])

@@ -13,6 +13,7 @@ import torch
 
 from release.check.report import INDEPENDENT, MODELOPT_EXPORT, REPORT_DIR, SELF_REFERENCE, Check, status_of
 from release.core.errors import ReleaseError
+from release.core.io import parse_json
 from release.inputs.reference import (
     DEFAULT_LIST,
     DIFFUSERS_FIELDS,
@@ -53,11 +54,8 @@ def reference_origin(folder: Path, reference: Path) -> ReferenceOrigin:
     path = reference / "provenance.json"
     if not path.is_file():
         return ReferenceOrigin(INDEPENDENT, "a checkpoint this tool did not make")
-    try:
-        prov = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:  # invalid JSON or not UTF-8
-        raise ReleaseError(f"{path}: the reference's provenance is not valid JSON ({exc}); pass another --reference "
-                           "or rerun what wrote it") from exc
+    prov = parse_json(path.read_bytes(), str(path), "pass another --reference or rerun what wrote it",
+                      "the reference's provenance")
     if not isinstance(prov, dict):
         raise ReleaseError(f"{path}: the reference's provenance is not a JSON object; pass another --reference")
     if prov.get("made_by") == MADE_BY:
@@ -168,12 +166,14 @@ def _diff(a: Any, b: Any, path: str = "") -> list[str]:
 
 def read_checkpoint_json(root: Path, rel: str, problems: list[str]) -> dict[str, Any]:
     try:
-        data: dict[str, Any] = json.loads((root / rel).read_text())
-        return data
+        data = parse_json((root / rel).read_bytes(), rel, "the checkpoint is damaged")
+        if isinstance(data, dict):
+            return data
+        problems.append(f"{rel}: not a JSON object")
     except FileNotFoundError:
         problems.append(f"{rel}: missing")
-    except json.JSONDecodeError as exc:
-        problems.append(f"{rel}: invalid JSON ({exc.msg} at line {exc.lineno})")
+    except ReleaseError as exc:
+        problems.append(str(exc))
     return {}
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from release.core.errors import ReleaseError
 from release.core.files import plain_files
-from release.core.io import sha256_file
+from release.core.io import parse_json, sha256_file
 
 REPORT_DIR = "verification"
 REPORT_JSON = f"{REPORT_DIR}/report.json"
@@ -105,11 +104,7 @@ def parse_report(data: bytes, where: str, build: str, repo: str) -> tuple[Report
     """The report in ``data`` (read from ``where``, named in errors) of the build ``build`` in repo ``repo``, and
     the sha256 of ``data``."""
     rerun = f"rerun 'release verify {build}'"
-    try:
-        raw = json.loads(data)
-    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
-        why = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
-        raise ReleaseError(f"{where}: not valid JSON ({why}); {rerun}") from exc
+    raw = parse_json(data, where, rerun)
     if isinstance(raw, dict) and "format" not in raw and "checks" in raw:
         raise ReleaseError(f"{where}: written by an older 'release verify' (no file manifest); {rerun}")
     try:

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from release.core.io import cache_dir, keep_cached, sha256_file
+from release.core.errors import ReleaseError
+from release.core.io import cache_dir, keep_cached, parse_json, sha256_file
 
 
 def stamp(st: os.stat_result) -> list[int]:
@@ -31,10 +32,10 @@ def folder_digest(folder: Path) -> str:
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     path = cache_dir() / "digests.json"
     try:
-        entries: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {}
+        entries: dict[str, Any] = parse_json(path.read_bytes(), str(path), "") if path.is_file() else {}
         if not isinstance(entries, dict):
             entries = {}
-    except (OSError, ValueError):  # a damaged cache is only a cache
+    except (OSError, ReleaseError):  # a damaged cache is only a cache
         entries = {}
 
     def digest(file: Path) -> tuple[str, list[int], str]:

@@ -315,6 +315,25 @@ def exclusive_lock(path: Path, what: str) -> Iterator[None]:
 MAX_JSON_BYTES = 256 * 2**20  # the largest file a stage writes (tables, reports, manifests) is a few MB
 
 
+def parse_json(data: bytes | str, where: str, fix: str, what: str | None = None) -> Any:
+    """``data`` (read from ``where``) parsed as JSON: the one entry every JSON file the tool reads goes through.
+    Over ``MAX_JSON_BYTES``, not UTF-8, invalid, or nested too deeply to parse (Python's parser recurses: 100,000
+    levels is a RecursionError) is a one-line error naming ``where`` (and ``what`` it is) and saying ``fix``."""
+    about = f"{what}: " if what else ""
+    if len(data) > MAX_JSON_BYTES:
+        raise ReleaseError(f"{where}: {len(data):,} bytes, more than the {MAX_JSON_BYTES:,} a JSON file here can "
+                           f"hold ({about.removesuffix(': ') or 'JSON'}); {fix}")
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise ReleaseError(f"{where}: not valid JSON ({about}{exc.msg} at line {exc.lineno} column {exc.colno}); "
+                           f"{fix}") from exc
+    except ValueError as exc:  # bytes that are not UTF-8
+        raise ReleaseError(f"{where}: not valid JSON ({about}not UTF-8 text); {fix}") from exc
+    except RecursionError as exc:
+        raise ReleaseError(f"{where}: nested too deeply to read{f' ({what})' if what else ''}; {fix}") from exc
+
+
 def read_json(path: Path, what: str, command: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """The JSON object another stage wrote at ``path``, with the ``required`` top-level fields; missing, not JSON,
     not an object or without a required field is a one-line error that names ``path`` and ``command``, the command
@@ -324,12 +343,7 @@ def read_json(path: Path, what: str, command: str, required: tuple[str, ...] = (
     if path.stat().st_size > MAX_JSON_BYTES:
         raise ReleaseError(f"{path}: {path.stat().st_size:,} bytes, more than the {MAX_JSON_BYTES:,} a {what} file "
                            f"can hold; run '{command}' to rewrite it")
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:  # invalid JSON or not UTF-8
-        raise ReleaseError(f"{path}: not valid JSON ({what}: {exc}); run '{command}' to rewrite it") from exc
-    except RecursionError as exc:
-        raise ReleaseError(f"{path}: nested too deeply to read ({what}); run '{command}' to rewrite it") from exc
+    doc = parse_json(path.read_bytes(), str(path), f"run '{command}' to rewrite it", what)
     if not isinstance(doc, dict):
         raise ReleaseError(f"{path}: expected a JSON object ({what}), got {type(doc).__name__}; run '{command}' to "
                            "rewrite it")

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from release.core.errors import ReleaseError
-from release.core.io import MAX_JSON_BYTES, atomic_dir, output_folder, write_json
+from release.core.io import atomic_dir, output_folder, parse_json, write_json
 from release.inputs.observations import CAMERAS, FORMAT, check_instruction, check_state
 
 VERSIONS = ("v2.1", "v3.0")
@@ -84,17 +84,9 @@ class Dataset:
 
 
 def _json(path: Path) -> Any:
-    try:
-        if path.stat().st_size > MAX_JSON_BYTES:
-            raise ReleaseError(f"{path}: {path.stat().st_size:,} bytes, more than a LeRobot metadata file holds; the "
-                               "dataset is damaged")
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ReleaseError(f"{path}: missing; not a LeRobot dataset (expected meta/info.json and its tables)") from exc
-    except ValueError as exc:
-        raise ReleaseError(f"{path}: not valid JSON ({exc}); the dataset is damaged") from exc
-    except RecursionError as exc:
-        raise ReleaseError(f"{path}: nested too deeply to read; the dataset is damaged") from exc
+    if not path.is_file():
+        raise ReleaseError(f"{path}: missing; not a LeRobot dataset (expected meta/info.json and its tables)")
+    return parse_json(path.read_bytes(), str(path), "the dataset is damaged")
 
 
 def _table(path: Path, columns: list[str] | None = None, schema: bool = False) -> Any:
@@ -150,10 +142,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     rows = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except ValueError as exc:
-                raise ReleaseError(f"{path}:{lineno}: not valid JSON ({exc})") from exc
+            rows.append(parse_json(line, f"{path}:{lineno}", "the dataset is damaged"))
     return rows
 
 

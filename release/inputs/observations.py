@@ -27,7 +27,7 @@ import numpy as np
 
 from release.core.config import builds_dir
 from release.core.errors import ReleaseError
-from release.core.io import atomic_write, sha256_file, write_json
+from release.core.io import atomic_write, parse_json, sha256_file, write_json
 
 FORMAT = "release-droid-obs/1"
 CAMERAS = ["exterior_image_1_left", "exterior_image_2_left", "wrist_image_left"]
@@ -112,11 +112,8 @@ def _read_index(folder: Path) -> dict[str, Any]:
     index = folder / "index.json"
     if not index.is_file():
         raise ReleaseError(f"{folder}: not an observation set (no index.json); create one with 'release fixture tiny'")
-    try:
-        meta = json.loads(index.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ReleaseError(f"{index}: not valid JSON ({exc}); rewrite it as "
-                           f'{{"format": "{FORMAT}", "count": N, "cameras": [...]}}') from exc
+    meta = parse_json(index.read_bytes(), str(index),
+                      f'rewrite it as {{"format": "{FORMAT}", "count": N, "cameras": [...]}}')
     if not isinstance(meta, dict):
         raise ReleaseError(f"{index}: expected a JSON object with 'format' and 'count', got {type(meta).__name__}")
     if meta.get("format") != FORMAT:
@@ -235,11 +232,7 @@ def load_observations(folder: Path) -> list[Observation]:
         where = f"{path}:{lineno}"
         if not line.strip():
             raise ReleaseError(f"{where}: empty line; remove it (one JSON object per line)")
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ReleaseError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); one JSON object per "
-                               "line") from exc
+        rec = parse_json(line, where, "one JSON object per line")
         o = _record(rec, where, folder, root, size)
         if o.obs_id in line_of:
             raise ReleaseError(f"{where}: obs_id {o.obs_id} is also on line {line_of[o.obs_id]}; every obs_id must "
@@ -260,9 +253,10 @@ def action_sigma(folder: Path, name: str, dims: int) -> np.ndarray:
                            f"observation set {folder}; name a file inside it")
     if not path.is_file():
         raise ReleaseError(f"{path}: missing; the metrics need the per-dimension action sigma (field 'sigma')")
+    doc = parse_json(path.read_bytes(), str(path), f"write {{\"sigma\": [{dims} numbers]}}")
     try:
-        sigma = np.array(json.loads(path.read_text(encoding="utf-8"))["sigma"], dtype=np.float64)
-    except (KeyError, ValueError, TypeError) as exc:  # JSON and UTF-8 decoding errors are ValueErrors
+        sigma = np.array(doc["sigma"], dtype=np.float64)
+    except (KeyError, ValueError, TypeError) as exc:
         raise ReleaseError(f"{path}: field 'sigma' must be a list of {dims} numbers") from exc
     if sigma.shape != (dims,) or not (np.isfinite(sigma) & (sigma > 0)).all():
         raise ReleaseError(f"{path}: field 'sigma' must be {dims} positive numbers, got {sigma.tolist()}")

@@ -25,7 +25,7 @@ from release import __version__
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import atomic_write, cache_dir, replacing, write_json
+from release.core.io import atomic_write, cache_dir, parse_json, replacing, write_json
 from release.core.output import info, progress
 from release.core.profile import device_name, stage
 from release.core.provenance import read_provenance
@@ -199,16 +199,15 @@ def computation(request: EvalRequest, label: str, observations: list[Observation
     versions, the FP8 GEMM kernel (``release.quantize.load``: ModelOpt's, eager ``torch._scaled_mm`` or the
     emulation; None without FP8 GEMMs) and every (M, N, K) GEMM shape they ran. Rollouts cached from different
     machines or kernels are refused: a results file holds one computation."""
-    import json
 
     paths = [p.with_suffix(HOW) for p in _rollout_paths(request, label, observations, seeds)]
     records = []
     for path in paths:
-        try:
-            records.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError) as exc:
-            raise ReleaseError(f"{path}: not a rollout record ({type(exc).__name__}); delete it and rerun release "
-                               "eval (that rollout runs again)") from exc
+        if not path.is_file():
+            raise ReleaseError(f"{path}: missing (a rollout record); delete its rollout and rerun release eval (that "
+                               "rollout runs again)")
+        records.append(parse_json(path.read_bytes(), str(path), "delete it and rerun release eval (that rollout runs "
+                                  "again)", "a rollout record"))
     kinds = {(r.get("device"), r.get("torch"), r.get("cuda"), r.get("kernel")) for r in records}
     if len(kinds) != 1:
         raise ReleaseError(f"{paths[0].parent}: the cached rollouts of {label.split(':')[0]} ran on different "
@@ -237,11 +236,10 @@ def performance(request: EvalRequest, label: str, observations: list[Observation
 
 def _timing(path: Path) -> dict[str, Any]:
     """One cached rollout's latency record, as ``rollouts`` wrote it; anything else names the file."""
-    import json
 
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:  # invalid JSON or not UTF-8
+        record = parse_json(path.read_bytes(), str(path), "")
+    except ReleaseError:
         record = None
     if not isinstance(record, dict) or not isinstance(record.get("device"), str) or not all(
             type(record.get(k)) in (int, float) and record[k] >= 0 for k in ("seconds", "peak_bytes")):

@@ -16,7 +16,7 @@ import pandas as pd
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, Gate, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import atomic_dir, atomic_write, build_date, read_json, replaceable_folder, write_json
+from release.core.io import atomic_dir, atomic_write, build_date, parse_json, read_json, replaceable_folder, write_json
 from release.measure.layout import PERF, RESULTS, YARDSTICKS, sweep_builds
 from release.measure.paired import (
     CORRECTION,
@@ -158,7 +158,6 @@ def read_computed(file: Path) -> dict[str, Any]:
     """How a results file's candidate was computed, as ``release eval`` records it (device, torch and CUDA versions,
     the FP8 GEMM kernel, the GEMM shapes). A file without that record, written by an older ``release eval``, is
     refused: the tables and cards state how every row was computed, and cannot for it."""
-    import json
 
     with np.load(file, allow_pickle=False) as data:
         raw = str(data["computed"]) if "computed" in data.files else None
@@ -166,8 +165,8 @@ def read_computed(file: Path) -> dict[str, Any]:
     if raw is None:
         raise ReleaseError(f"{file}: does not record how it was computed (device, torch and CUDA versions, FP8 GEMM "
                            f"kernel: written by an older release eval); {fix}")
+    doc = parse_json(raw, f"{file}: 'computed'", fix)
     try:
-        doc = json.loads(raw)
         shapes = [[int(v) for v in s] for s in doc["gemm_shapes"]]
         if not all(k in doc for k in COMPUTED) or not all(len(s) == 3 for s in shapes):
             raise ValueError("a field is missing")

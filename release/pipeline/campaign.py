@@ -14,7 +14,6 @@ rollouts and the capture resume from their caches), and a changed input redoes w
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 from release.core.builds import load_build
 from release.core.config import BuildConfig, CampaignEval, builds_dir
 from release.core.errors import ReleaseError
-from release.core.io import write_json
+from release.core.io import parse_json, write_json
 from release.core.output import info, progress
 from release.core.profile import stage
 from release.core.provenance import read_provenance
@@ -94,12 +93,8 @@ class Journal:
         self.inputs = f"{request.identity.revision}|{observation_set_digest(request.observations)}|{__version__}"
         doc: Any = {}
         if self.path.is_file():
-            try:
-                doc = json.loads(self.path.read_text(encoding="utf-8"))
-            except ValueError as exc:  # invalid JSON or not UTF-8: a file this tool did not write whole
-                raise ReleaseError(f"{self.path}: not valid JSON ({exc}); delete it to run the campaign from its "
-                                   "start (finished builds are then verified again, rollouts come from the cache)"
-                                   ) from exc
+            doc = parse_json(self.path.read_bytes(), str(self.path), "delete it to run the campaign from its start "
+                             "(finished builds are then verified again, rollouts come from the cache)")
         builds = doc.get("builds") if isinstance(doc, dict) and doc.get("format") == JOURNAL_FORMAT else {}
         if not isinstance(builds, dict) or not all(isinstance(v, dict) for v in builds.values()):
             raise ReleaseError(f"{self.path}: field 'builds' must map build names to records; delete the file to run "

@@ -4,7 +4,6 @@ file read once with its secret scan, and cached by path and inode status."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 
 from release.core.digest import stamp as file_stamp
 from release.core.errors import ReleaseError
-from release.core.io import write_json
+from release.core.io import parse_json, write_json
 from release.publish.scan import CHUNK, SCAN_VERSION, Scanner
 
 # The Hub stores files of this size or larger, and every binary checkpoint file, through LFS.
@@ -30,9 +29,10 @@ class HashCache:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.entries: dict[str, dict[str, Any]] = json.loads(path.read_text()) if path.is_file() else {}
-        except ValueError:  # a damaged cache is only a cache: start afresh
-            self.entries = {}
+            entries = parse_json(path.read_bytes(), str(path), "") if path.is_file() else {}
+        except ReleaseError:  # a damaged cache is only a cache: start afresh
+            entries = {}
+        self.entries: dict[str, dict[str, Any]] = entries if isinstance(entries, dict) else {}
         self.hashed_bytes = 0
 
     def _hash(self, file: Path, scan: bool) -> dict[str, Any]:

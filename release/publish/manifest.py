@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import re
 import tempfile
 from collections.abc import Iterator
@@ -35,7 +34,7 @@ from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BUILD_NAME, BUILD_NAME_RULE, BuildConfig, ReleaseConfig, builds_dir, hub_name
 from release.core.errors import ReleaseError
 from release.core.files import plain_files
-from release.core.io import atomic_write, cache_dir, output_folder, write_json
+from release.core.io import atomic_write, cache_dir, output_folder, parse_json, write_json
 from release.measure.select import SELECTION, TABLES, SelectionDoc, check_delivered, delivery
 from release.publish.gate import (
     Reports,
@@ -199,11 +198,7 @@ def load_lock(path: Path) -> Lock:
     if not path.is_file():
         raise ReleaseError(f"{path}: missing (the release manifest); run 'release manifest' after a real build and "
                            "commit it")
-    try:
-        raw = json.loads(path.read_bytes())
-    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
-        why = f"{exc.msg} at line {exc.lineno}" if isinstance(exc, json.JSONDecodeError) else "not UTF-8 text"
-        raise ReleaseError(f"{path}: not valid JSON ({why}); {fix}") from exc
+    raw = parse_json(path.read_bytes(), str(path), fix)
     lock = _validated(raw, path, fix)
     for rel, sidecar in sorted(lock.sidecars.items()):
         found = text_secret(sidecar.data, rel.endswith(".json"))

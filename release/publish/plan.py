@@ -15,6 +15,7 @@ from release import __version__
 from release.core.builds import RELEASE_NOTES
 from release.core.config import BuildConfig, builds_dir
 from release.core.errors import ReleaseError
+from release.core.provenance import read_provenance
 from release.publish.hashing import is_lfs
 from release.publish.remotes import MAIN, FolderRemote, HubRemote
 from release.publish.request import PushRequest
@@ -100,11 +101,7 @@ def plan_repo(remote: HubRemote | FolderRemote, request: PushRequest, build: Bui
         plan.readme_diff = "\n".join(difflib.unified_diff(old, new, "remote/README.md", "local/README.md",
                                                           lineterm=""))
     prov = folder / "provenance.json"
-    try:
-        revision = json.loads(prov.read_text())["source"]["revision"] if prov.is_file() else "unknown"
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ReleaseError(f"{prov}: no source revision ({type(exc).__name__}); rerun 'release build "
-                           f"{build.name}'") from exc
+    revision = read_provenance(prov, build.name)["source"]["revision"] if prov.is_file() else "unknown"
     plan.commit_message = request.commit_message or f"Release {request.release.version}: {build.name} " \
         f"({'+'.join(build.recipe)}, {build.calibrator.method}) from {str(revision)[:12]}"
     if request.force:

@@ -116,16 +116,19 @@ def structured_secret(path: Path) -> dict[str, Any] | None:
         if head == PNG_MAGIC:
             found = _png_secret(path)
         elif path.suffix in (".safetensors", ".json"):
+            where = "in the safetensors header at $" if path.suffix == ".safetensors" else "in JSON at $"
             try:
                 if path.suffix == ".safetensors":
                     (n,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
                     doc = json.loads(f.read(n)) if 0 < n <= 100_000_000 else None
                 else:
                     doc = json.loads(head + f.read())
+                found = _json_secret(doc, where) if doc is not None else None
             except ValueError:  # not JSON: verification judges the file, the byte scan has read it
-                doc = None
-            where = "in the safetensors header at $" if path.suffix == ".safetensors" else "in JSON at $"
-            found = _json_secret(doc, where) if doc is not None else None
+                found = None
+            except RecursionError as exc:  # Python's parser and the walk recurse: too deep to read is not scanned
+                raise ReleaseError(f"{path}: JSON nested too deeply to scan for secrets; remove it from the "
+                                   "folder") from exc
     return _finding(*found) if found else None
 
 
@@ -137,6 +140,8 @@ def text_secret(data: bytes, json_text: bool) -> dict[str, Any] | None:
             found = _json_secret(json.loads(data), "in JSON at $")
         except ValueError:
             found = None
+        except RecursionError:
+            return {"kind": "JSON nested too deeply to scan", "shown": "…", "where": "in JSON"}
         if found:
             return _finding(*found)
     m = SECRETS.search(data)

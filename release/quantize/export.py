@@ -28,7 +28,7 @@ import release.inputs.policy  # noqa: F401  (sets diffusers up without progress 
 from release.core.config import BuildConfig
 from release.core.errors import ReleaseError
 from release.core.fp8 import FP8_MAX, weight_codes
-from release.core.io import canonical_modelopt_state, write_json
+from release.core.io import canonical_modelopt_state, read_json, write_json
 from release.core.memory import execution_device, is_placed, placed, unplace
 from release.core.profile import stage
 from release.inputs.source import SourceModel
@@ -176,7 +176,7 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
     total = sum(t.numel() * t.element_size() for t in state.values())
     write_json(tdir / TRANSFORMER_INDEX,
                {"metadata": {"total_size": total}, "weight_map": dict(sorted(split.tensor_to_filename.items()))})
-    config = json.loads((source.folder / "transformer" / "config.json").read_text())
+    config = read_json(source.folder / "transformer" / "config.json", "transformer config", "hf download")
     write_json(tdir / "config.json", {**config, "quantization_config": qconfig})
     write_json(out / "hf_quant_config.json", {k: v for k, v in qconfig.items() if k != "runtime"})
     with stage("export: modelopt_state.pth"):
