@@ -69,6 +69,20 @@ def edited_source(tiny: Path, out: Path, tensor: str, edit: Callable[[torch.Tens
     return out
 
 
+def write_card(folder: Path, rel: str, data: str | bytes) -> None:
+    """A card file written into a build folder and recorded as ``release card`` records what it writes
+    (``verification/written.json``): what a push publishes after verification."""
+    from release.check.written import record_written
+
+    path = folder / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        path.write_text(data)
+    else:
+        path.write_bytes(data)
+    record_written(folder, [path], "release card")
+
+
 def invoke(*args: str | os.PathLike[str]) -> Result:
     from release.cli import main
 

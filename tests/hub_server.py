@@ -50,9 +50,8 @@ Behaviour worth knowing:
 * ``fail_next_lfs_upload = N``: the next N LFS PUTs read part of the body and then close the socket without a
   response.  huggingface_hub's ``http_backoff`` retries ``PUT`` on ``httpx2.NetworkError`` /
   ``RemoteProtocolError`` (up to 5 retries, sleeping 1 s, 2 s, ...), so the commit still succeeds.
-* ``fail_next_commits = [...]``: each ``/commit`` takes the first item: ``"ok"`` (served as usual), an HTTP status
-  (the commit refused with it, nothing applied) or ``"drop after"`` (the commit applied, then the socket closed
-  without a response).
+* ``fail_next_commits = [...]``: each ``/commit`` takes the first item: an HTTP status (the commit refused with it,
+  nothing applied) or ``"drop after"`` (the commit applied, then the socket closed without a response).
 * ``/commit`` with a ``parentCommit`` that is not the head of the target branch -> HTTP 412 (``HfHubHTTPError``).
   With ``create_pr=1`` the PR (``refs/pr/N``) starts from ``parentCommit`` (or the branch head) and the branch is
   left unchanged; the response carries ``pullRequestUrl`` (``.../discussions/N``) and ``pullRequestRevision``.

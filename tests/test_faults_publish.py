@@ -5,6 +5,8 @@ Every test copies the session's RTN build before changing it: the session fixtur
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import os
 import shutil
@@ -13,13 +15,15 @@ import subprocess
 import sys
 import threading
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from release.core.errors import ReleaseError
-from tests.conftest import ROOT, invoke
+from tests.conftest import ROOT, invoke, write_card
 from tests.hub_server import FakeHub
 from tests.test_push import RTN, add_card
 
@@ -112,11 +116,41 @@ def test_card_files_may_follow_verification_but_readme_and_license_are_required(
     (dist / RTN / "LICENSE").unlink()
     _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2, "LICENSE: missing")
     add_card(dist / RTN)
-    (dist / RTN / "README.ko.md").write_text("# 카드\n")
-    (dist / RTN / "forest.en.png").write_bytes(_png([]))
+    write_card(dist / RTN, "README.ko.md", "# 카드\n")
+    write_card(dist / RTN, "forest.en.png", _png([]))
     result = _push(dist, tmp_path / "hub")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "hub" / "np-cr" / RTN / "forest.en.png").read_bytes() == _png([])
+
+
+@pytest.mark.parametrize("rel, make, message", [
+    ("README.evil.md", lambda f, t: (f / "README.evil.md").write_text("# not the tool's\n"),
+     "not written by this tool"),
+    ("results/hl.npz", lambda f, t: (f / "results").mkdir(exist_ok=True) or os.link(t, f / "results" / "hl.npz"),
+     "not written by this tool"),
+    ("README.md", lambda f, t: (f / "README.md").write_text("# edited by hand\n"), "changed since 'release card'"),
+    ("results/fake.npz", lambda f, t: write_card(f, "results/fake.npz", b"twelve bytes"), "not an npz archive"),
+    ("forest.en.png", lambda f, t: write_card(f, "forest.en.png", b"GIF89a"), "not a PNG image"),
+])
+def test_files_after_verification_are_published_only_as_the_tool_wrote_them(
+        rel: str, make: Any, message: str, dist: Path, tmp_path: Path) -> None:
+    """Issue 34: a file matching a card or result pattern is published only while verification/written.json
+    records it with these bytes (``release card`` and ``release eval`` record what they write) and it has the content
+    its name promises; the record itself is not published."""
+    outside = tmp_path / "outside.txt"
+    outside.write_text("12 bytes....")
+    path = dist / RTN / rel
+    before = path.read_bytes() if path.is_file() else None
+    make(dist / RTN, outside)
+    result = _push(dist, tmp_path / "hub", "--dry-run")
+    _one_line_error(result, 1, f"{path}: {message}")
+    if before is None:
+        path.unlink()
+    else:
+        write_card(dist / RTN, rel, before)  # as 'release card' rewrites it
+    plan = _push(dist, tmp_path / "hub", "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    assert "written.json" not in plan.output
 
 
 def test_bytes_flipped_with_the_mtime_restored_are_hashed_again(dist: Path, tmp_path: Path) -> None:
@@ -316,7 +350,7 @@ def _png(chunks: list[tuple[bytes, bytes]]) -> bytes:
 ])
 def test_a_token_in_a_png_text_chunk_is_refused(kind: bytes, data: bytes, where: str, dist: Path,
                                                 tmp_path: Path) -> None:
-    (dist / RTN / "forest.en.png").write_bytes(_png([(kind, data)]))  # a card file: allowed after verification
+    write_card(dist / RTN, "forest.en.png", _png([(kind, data)]))  # a card file: allowed after verification
     result = _push(dist, tmp_path / "hub")
     _one_line_error(result, 2, f"{dist / RTN / 'forest.en.png'}: contains what looks like a Hugging Face token "
                     f"(hf_…, in {where})")
@@ -325,7 +359,7 @@ def test_a_token_in_a_png_text_chunk_is_refused(kind: bytes, data: bytes, where:
 
 def test_a_zlib_bomb_in_a_png_is_refused(dist: Path, tmp_path: Path) -> None:
     bomb = zlib.compress(b"\0" * (65 << 20), 9)
-    (dist / RTN / "forest.en.png").write_bytes(_png([(b"zTXt", b"Comment\0\0" + bomb)]))
+    write_card(dist / RTN, "forest.en.png", _png([(b"zTXt", b"Comment\0\0" + bomb)]))
     _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2, "PNG chunk zTXt 'Comment' inflates to more "
                     "than 64 MiB")
 
@@ -354,11 +388,73 @@ def test_secrets_in_safetensors_metadata_and_json_strings(dist: Path, tmp_path: 
 ])
 def test_each_kind_of_secret_is_found_and_never_printed(token: str, kind: str, shown: str, dist: Path,
                                                         tmp_path: Path) -> None:
-    (dist / RTN / "README.md").write_text(f"# card\n\nexample: {token}\n")
+    write_card(dist / RTN, "README.md", f"# card\n\nexample: {token}\n")
     result = _push(dist, tmp_path / "hub", "--dry-run")
     _one_line_error(result, 2, f"contains what looks like a {kind} ({shown}, at byte 17)")
     if kind != "private key":
         assert token not in result.output
+
+
+def _npz(compressed: bool) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    (np.savez_compressed if compressed else np.savez)(buffer, note=np.array([HF_TOKEN_LIKE]))  # numpy's UTF-32
+    return buffer.getvalue()
+
+
+def _zip(name: str, data: bytes) -> bytes:
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(name, data)
+    return buffer.getvalue()
+
+
+ENCODED = HF_TOKEN_LIKE[3:]  # what follows hf_
+ENCODED_SECRETS: dict[str, tuple[str, Callable[[], bytes], str]] = {
+    "base64": ("notes.txt", lambda: b"data: " + base64.b64encode(b"token=" + HF_TOKEN_LIKE.encode()), "in base64"),
+    "UTF-16LE appended to LICENSE": ("LICENSE", lambda: b"OpenMDW License 1.1\n" + HF_TOKEN_LIKE.encode("utf-16-le"),
+                                     "in UTF-16"),
+    "a UTF-32 numpy string in an npz": ("results/a.npz", lambda: _npz(False), "in UTF-32"),
+    "savez_compressed": ("results/b.npz", lambda: _npz(True), "in zip member 'note.npy'"),
+    "a gzip file named .npz": ("results/c.npz", lambda: gzip.compress(HF_TOKEN_LIKE.encode()), "in the gzip data"),
+    "a zip-deflated member": ("extras.zip", lambda: _zip("notes.txt", HF_TOKEN_LIKE.encode()),
+                              "in zip member 'notes.txt'"),
+    "PNG iCCP": ("forest.en.png", lambda: _png([(b"iCCP", b"icc\0\0" + zlib.compress(HF_TOKEN_LIKE.encode()))]),
+                 "in PNG chunk iCCP 'icc'"),
+    "a private compressed PNG chunk": ("forest.en.png",
+                                       lambda: _png([(b"prVt", zlib.compress(HF_TOKEN_LIKE.encode()))]),
+                                       "in PNG chunk prVt"),
+    "PNG eXIf in UTF-16": ("forest.en.png", lambda: _png([(b"eXIf", b"MM\0*" + HF_TOKEN_LIKE.encode("utf-16-be"))]),
+                           "in UTF-16"),
+    "percent-encoding": ("README.md", lambda: f"# card\n\nhf%5F{ENCODED}\n".encode(),
+                         "in the text with percent-escapes decoded"),
+    "a YAML \\x68f_ escape": ("builds/notes.yaml", lambda: f'note: "\\x68f_{ENCODED}"\n'.encode(), "in YAML at $.note"),
+    "an HTML entity in the Korean card": ("README.ko.md", lambda: f"# 카드\n\n&#104;f_{ENCODED}\n".encode(),
+                                          "in the text with HTML entities decoded"),
+}
+
+
+@pytest.mark.parametrize("case", ENCODED_SECRETS)
+def test_an_encoded_secret_is_found_where_a_reader_would_decode_it(case: str, dist: Path, tmp_path: Path) -> None:
+    """Issue 34: the scan decodes what the tool can parse (zip members, gzip, PNG chunks, YAML, HTML entities,
+    percent-escapes) and searches UTF-16/32 views and base64 runs: each hidden token is named, never shown."""
+    rel, make, where = ENCODED_SECRETS[case]
+    path = dist / RTN / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(make())
+    result = _push(dist, tmp_path / "hub", "--dry-run")
+    _one_line_error(result, 2, f"{path}: contains what looks like a Hugging Face token (hf_…, ", where)
+    assert ENCODED not in result.output
+
+
+def test_a_pgp_private_key_block_is_found(dist: Path, tmp_path: Path) -> None:
+    write_card(dist / RTN, "README.md", "# card\n\n-----BEGIN PGP PRIVATE KEY BLOCK-----\n")
+    _one_line_error(_push(dist, tmp_path / "hub", "--dry-run"), 2,
+                    "contains what looks like a private key (-----BEGIN PGP PRIVATE KEY BLOCK-----, at byte 8)")
 
 
 def test_a_token_across_a_chunk_boundary_of_a_large_file_is_found(dist: Path, tmp_path: Path) -> None:
@@ -616,15 +712,30 @@ import os, signal, sys
 from pathlib import Path
 
 out, at = Path(sys.argv.pop(1)), sys.argv.pop(1)
-write, replace = Path.write_bytes, os.replace
+open_, fdopen, replace = os.open, os.fdopen, os.replace
+temporaries = set()
 
-def half(self, data):
-    if self.name.startswith(f".{out.name}"):
-        with self.open("wb") as f:
-            f.write(data[: len(data) // 2])
-            f.flush()
+def tracked(path, flags, *args, **kwargs):
+    fd = open_(path, flags, *args, **kwargs)
+    if Path(path).name.startswith(f".{out.name}"):
+        temporaries.add(fd)
+    return fd
+
+class Half:
+    def __init__(self, file):
+        self.file = file
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self.file.close()
+    def write(self, data):
+        self.file.write(data[: len(data) // 2])
+        self.file.flush()
         os.kill(os.getpid(), signal.SIGKILL)
-    return write(self, data)
+
+def half(fd, *args, **kwargs):
+    file = fdopen(fd, *args, **kwargs)
+    return Half(file) if fd in temporaries else file
 
 def last(src, dst):
     if Path(dst) == out:
@@ -632,7 +743,7 @@ def last(src, dst):
     return replace(src, dst)
 
 if at == "write":
-    Path.write_bytes = half
+    os.open, os.fdopen = tracked, half
 else:
     os.replace = last
 from release.cli import main

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from release.check.written import WRITTEN
 from release.publish.plan import human_size
-from tests.conftest import invoke
+from tests.conftest import invoke, write_card
 from tests.hub_server import FakeHub
 from tests.test_push import RTN, add_card
 
@@ -28,8 +29,9 @@ def dist(rtn_build: Path, tmp_path: Path) -> Path:
 
 
 def _files(dist: Path) -> tuple[int, str]:
-    """How many files the build folder holds, and their size as the output shows it."""
-    files = [p for p in (dist / RTN).rglob("*") if p.is_file()]
+    """How many files of the build folder a push publishes (all but the record of what came after verification),
+    and their size as the output shows it."""
+    files = [p for p in (dist / RTN).rglob("*") if p.is_file() and p.relative_to(dist / RTN).as_posix() != WRITTEN]
     return len(files), human_size(sum(p.stat().st_size for p in files))
 
 
@@ -42,7 +44,7 @@ def test_a_dry_run_ends_with_its_totals(dist: Path, tmp_path: Path) -> None:
     assert plan.stdout.splitlines()[-1] == f"Summary: 1 repo (1 to create, 0 to update, 0 unchanged); {n} files to " \
         f"upload ({size}), 0 unchanged, 0 to delete; nothing was uploaded (dry run)."
     assert invoke("push", "rtn", "--dist", dist, "--target", target).exit_code == 0
-    (dist / RTN / "README.md").write_text("# changed card\n")
+    write_card(dist / RTN, "README.md", "# changed card\n")
     again = invoke("push", "rtn", "--dist", dist, "--target", target, "--dry-run")
     assert again.stdout.splitlines()[-1] == "Summary: 1 repo (0 to create, 1 to update, 0 unchanged); 1 file to " \
         f"upload ({human_size(len('# changed card') + 1)}), {n - 1} unchanged, 0 to delete; nothing was uploaded " \
@@ -68,7 +70,7 @@ def test_a_push_says_what_goes_where_then_what_it_did_not_the_plan(hub: FakeHub,
                             f"0 files uploaded (0 B), {n} unchanged, 0 deleted.\n")
     for line in PLAN_LINES:
         assert line not in first.output + again.output
-    (dist / RTN / "README.md").write_text("---\nlicense: other\n---\n# proposed\n")
+    write_card(dist / RTN, "README.md", "---\nlicense: other\n---\n# proposed\n")
     pr = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--create-pr")
     assert pr.exit_code == 0, pr.output
     assert pr.stdout == (f"{REPO}: opened a pull request (1 file)\n  {hub.url}/{REPO}/discussions/1\n"
@@ -78,7 +80,8 @@ def test_a_push_says_what_goes_where_then_what_it_did_not_the_plan(hub: FakeHub,
 
 def test_json_is_one_document_on_stdout(hub: FakeHub, dist: Path) -> None:
     n, _ = _files(dist)
-    upload = sum(p.stat().st_size for p in (dist / RTN).rglob("*") if p.is_file())
+    upload = sum(p.stat().st_size for p in (dist / RTN).rglob("*")
+                 if p.is_file() and p.relative_to(dist / RTN).as_posix() != WRITTEN)
     totals = {"repos": {"create": 1, "update": 0, "unchanged": 0},
               "files": {"add": n, "modify": 0, "delete": 0, "unchanged": 0}, "upload_bytes": upload}
     plan = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url, "--dry-run", "--format", "json")

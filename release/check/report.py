@@ -26,7 +26,8 @@ REPORT_FORMAT = "release-verification/2"
 # Written after verification, by ``release card`` (the card files) and ``release eval`` / ``import-served`` (the
 # results): not in the manifest, pushed as they are (and scanned for secrets). ``*`` does not cross a ``/``.
 CARD_FILES = ("README.md", "README.*.md", "LICENSE", "forest.*.png")  # what 'release card' writes
-AFTER_VERIFICATION = (*CARD_FILES, "results/*.npz", "results/*.perf.json")
+WRITTEN = f"{REPORT_DIR}/written.json"  # what card and eval wrote after verification (release.check.written)
+AFTER_VERIFICATION = (*CARD_FILES, "results/*.npz", "results/*.perf.json", WRITTEN)
 Status = Literal["passed", "failed", "skipped"]
 # What a reference is, recorded by the checks against it in ``details["reference"]["kind"]``
 # (release.check.layout.reference_origin) and read by the cards.

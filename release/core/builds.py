@@ -87,7 +87,8 @@ def _bounded(node: yaml.Node | None, path: Path) -> None:
             stack.extend((child, depth + 1) for child in current.value)
 
 
-def _load_yaml(path: Path) -> tuple[dict[str, Any], str]:
+def load_yaml(path: Path) -> tuple[dict[str, Any], str]:
+    """A build file (or another YAML mapping) and its text, read with the bounds above; else a one-line error."""
     if not path.is_file():
         raise ReleaseError(f"{path}: file not found")
     try:
@@ -119,7 +120,7 @@ def _load_yaml(path: Path) -> tuple[dict[str, Any], str]:
 
 
 def _validate(model: type[BaseModel], path: Path) -> Any:
-    data, text = _load_yaml(path)
+    data, text = load_yaml(path)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

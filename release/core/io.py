@@ -202,8 +202,15 @@ def _refuse_full_disk(final: Path, written: Path, exc: BaseException) -> None:
 
 def _open_temporary(path: Path) -> tuple[Path, BinaryIO]:
     """A new temporary beside ``path``, this process's, opened exclusively and never through a link (a link planted
-    at its name is refused; one at another name is never touched)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    at its name is refused; one at another name is never touched). The temporaries of ``path`` that processes no
+    longer running left (killed while writing it) are removed first."""
+    prefix = f".{path.name}."
+    with os.scandir(path.parent) as entries:
+        for entry in entries:
+            pid = entry.name[len(prefix):-len(".tmp")] if entry.name.startswith(prefix) else ""
+            if entry.name.endswith(".tmp") and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                Path(entry.path).unlink(missing_ok=True)  # a link is removed, never followed
+    tmp = path.with_name(f"{prefix}{os.getpid()}.tmp")
     if tmp.is_symlink():
         raise ReleaseError(f"{tmp}: a link where this command writes a temporary; remove it")
     tmp.unlink(missing_ok=True)  # this pid's, from an earlier run that was killed

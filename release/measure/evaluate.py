@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from release import __version__
+from release.check.written import record_written
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig
 from release.core.errors import ReleaseError
@@ -361,6 +362,8 @@ def run_eval(request: EvalRequest) -> list[Path]:
             write_json(out.with_suffix(PERF), {**speed, "computed": computed})
         elif world().main:
             out.with_suffix(PERF).unlink(missing_ok=True)  # an earlier run's figures are not these results'
+        if world().main:
+            record_written(subject.results, [p for p in (out, out.with_suffix(PERF)) if p.is_file()], "release eval")
         if subject.revision is not None and world().main:  # what 'release tables' needs to score it
             write_json(subject.results / "external.json", {"name": subject.build.name,
                                                            "title": subject.build.text("title"),
@@ -456,4 +459,5 @@ def import_served(name: str, file: Path, dist: Path, observations: Path | None, 
     out = folder / RESULTS / "served-all.npz"
     save_results(out, ref, cand, [known[i] for i in ids], seeds, sigma,  # computed by the server: its kernel alone
                  {"device": None, "torch": None, "cuda": None, "kernel": SERVED, "gemm_shapes": []})
+    record_written(folder, [out], "release import-served")
     return out

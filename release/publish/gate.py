@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from release.check.report import REPORT_JSON, Report, after_verification, gate, load_report
+from release.check.written import check_written, publishable
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig, builds_dir
 from release.core.errors import GateError, ReleaseError
-from release.core.files import plain_files
 from release.core.output import warning
 from release.measure.select import TABLES, check_delivered, delivery, read_selection, read_tables_doc
 from release.publish.evaluated import leave_out, require_evaluated
@@ -118,9 +118,11 @@ def checked_files(folder: Path, build: str, verified: tuple[Report, str] | None,
     """Every file of a build folder with its hashes, after the checks a push needs.
 
     No links or special files, no secrets (``scanned``: a secret is named first, it must go whatever else is
-    wrong); and with a verification report, exactly its manifest's bytes plus the cards and results.
+    wrong); the cards and results as this tool wrote and recorded them (:mod:`release.check.written`); and with a
+    verification report, exactly its manifest's bytes plus those.
     """
-    local = scanned(folder, plain_files(folder), cache)
+    local = scanned(folder, publishable(folder), cache)
+    check_written(folder, local, f"rerun 'release card {build}' or 'release eval {build}' to write it")
     if verified is not None:
         check_verified(build, verified, local, lambda rel: str(folder / rel),
                        f"rerun 'release verify {build}' (and 'release card {build}')")

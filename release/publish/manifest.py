@@ -30,10 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from release import __version__
 from release.check.report import CARD_FILES, REPORT_JSON, Report, matches, parse_report
+from release.check.written import publishable
 from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BUILD_NAME, BUILD_NAME_RULE, BuildConfig, ReleaseConfig, builds_dir, hub_name
 from release.core.errors import ReleaseError
-from release.core.files import plain_files
 from release.core.io import atomic_write, cache_dir, output_folder, parse_json, write_json
 from release.measure.select import SELECTION, TABLES, SelectionDoc, check_delivered, delivery
 from release.publish.gate import (
@@ -273,7 +273,7 @@ def locked_files(lock: Lock, lock_path: Path, folder: Path, build: BuildConfig, 
     i, sibling = next((i, s) for i, s in enumerate(lock.siblings) if s.repo == build.repo)
     absent = {rel: {"sha256": f.sha256, "size": f.size, "sha1": f.sha1} for rel, f in sibling.files.items()
               if not matches(rel, CARD_FILES)}  # the manifest's cards are replaced by the ones rendered now
-    local = {**absent, **scanned(folder, plain_files(folder), cache)}
+    local = {**absent, **scanned(folder, publishable(folder), cache)}
     if verified is not None:
         check_verified(build.name, verified, local,
                        lambda rel: f"{lock_path}: siblings[{i}] ({build.repo}) file {rel!r}",

@@ -10,6 +10,7 @@ from typing import Any
 
 from huggingface_hub import ModelCard
 
+from release.check.written import record_written
 from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
@@ -128,4 +129,7 @@ def render_cards(request: CardRequest) -> list[Path]:
     outputs: dict[Path, str | bytes] = {**files, **{path: forest_plot(localized[lang], build, lang, gates)
                                                    for build, lang, path in plots}}
     write_set(outputs)  # one set: a failure (a full disk) leaves every old card file and plot
+    for build in request.builds:
+        folder = request.dist / build.repo
+        record_written(folder, [path for path in outputs if path.parent == folder], "release card")
     return sorted(outputs)
