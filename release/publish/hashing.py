@@ -12,7 +12,7 @@ from typing import Any
 from release.core.digest import stamp as file_stamp
 from release.core.errors import ReleaseError
 from release.core.io import parse_json, write_json
-from release.publish.scan import CHUNK, SCAN_VERSION, Scanner
+from release.publish.scan import CHUNK, SCAN_VERSION, WEIGHTS, Scanner
 
 # The Hub stores files of this size or larger, and every binary checkpoint file, through LFS.
 LFS_THRESHOLD = 10 * 1024 * 1024
@@ -44,7 +44,7 @@ class HashCache:
         # sha256 for LFS comparisons; the git blob sha1 only where a file can be stored in git (small files)
         h = hashlib.sha256()
         blob = hashlib.sha1(b"blob %d\0" % st.st_size) if st.st_size < LFS_THRESHOLD else None
-        scanner = Scanner() if scan else None
+        scanner = Scanner(decode=file.suffix not in WEIGHTS) if scan else None
         read = 0
         with file.open("rb") as f:
             while chunk := f.read(CHUNK):

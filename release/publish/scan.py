@@ -62,14 +62,23 @@ def _base64_forms(prefix: bytes) -> list[bytes]:
     return forms
 
 
-# One compiled pattern over whole chunks: the secrets as ASCII, UTF-16 and UTF-32, and the base64 forms of their
-# prefixes followed by a base64 run (confirmed by decoding the run). No capturing groups: with them the regex engine
-# loses its first-character prefilter and runs 10 times slower (bench/secret_scan.py).
+# The secrets as ASCII (and UTF-8), UTF-16 and UTF-32. No capturing groups: with them the regex engine loses its
+# first-character prefilter and runs 10 times slower (bench/secret_scan.py).
 SECRETS = re.compile(_pattern(1))
-B64_PREFIXES = sorted({f for prefixes, *_ in TOKENS for p in prefixes for f in _base64_forms(p)}
-                      | set(_base64_forms(b"-----BEGIN ")), key=len, reverse=True)
-CANDIDATES = re.compile(b"|".join([_pattern(1), _pattern(2), _pattern(4),
-                                   b"(?:" + b"|".join(B64_PREFIXES) + b")" + B64 + b"{20,}"]))
+WIDE = {2: re.compile(_pattern(2)), 4: re.compile(_pattern(4))}
+PREFIXES = [*(p for prefixes, *_ in TOKENS for p in prefixes), b"-----BEGIN "]
+
+
+def _wide(text: bytes, width: int) -> bytes:
+    return b"".join(bytes([c]) + b"\x00" * (width - 1) for c in text)
+
+
+# What a search looks for first: every prefix as it is, as UTF-16 and UTF-32, and its base64 forms, all literals
+# (a set of literals is searched about 7 times faster than the patterns themselves); each hit is then matched in
+# full, or, for base64, its run decoded.
+KIND_OF = {**{p: 1 for p in PREFIXES}, **{_wide(p, w): w for p in PREFIXES for w in (2, 4)},
+           **{f: 0 for p in PREFIXES for f in _base64_forms(p)}}
+CANDIDATES = re.compile(b"|".join(re.escape(k) for k in sorted(KIND_OF, key=len, reverse=True)))
 SECRET_KINDS = (("hf_", "Hugging Face token", 3), ("github_pat_", "GitHub token", 11), ("gh", "GitHub token", 4),
                 ("AKIA", "AWS access key id", 4), ("ASIA", "AWS access key id", 4), ("-----", "private key", 0))
 SCAN_VERSION = 4  # bump when the patterns change: cached scan results of older versions are redone
@@ -79,32 +88,37 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TEXT_LIMIT = 64 << 20  # a compressed part (PNG chunk, zip member, gzip) that inflates beyond this is refused
 
 
+RUN = re.compile(B64 + b"+")
+RUN_BEFORE = re.compile(B64 + b"{1,65536}$")  # the part of a base64 run before a hit (searched up to the hit)
+
+
 def search(data: bytes) -> tuple[bytes, int, str] | None:
     """The first secret in ``data``: the secret (as ASCII), where it starts, and how it was written (``""``, ``" in
     UTF-16"``, ``" in base64"``...); None when there is none. A base64 candidate counts only when its run decodes,
-    at one of its alignments, to bytes holding a secret."""
+    at one of its alignments, to bytes holding a secret; each run is decoded once."""
+    decoded_to = 0  # the end of the last base64 run decoded
     for m in CANDIDATES.finditer(data):
-        text = m.group()
-        if SECRETS.fullmatch(text):
-            return text, m.start(), ""
-        if b"\x00" in text:
-            width = 4 if text[1:4] == b"\x00\x00\x00" else 2
-            return text.replace(b"\x00", b""), m.start(), f" in UTF-{8 * width}"
-        decoded = _decoded_base64(data, m.start(), m.end())
-        if decoded is not None:
-            return decoded, m.start(), " in base64"
+        width = KIND_OF[m.group()]
+        if width == 1:
+            if full := SECRETS.match(data, m.start()):
+                return full.group(), m.start(), ""
+        elif width:
+            if full := WIDE[width].match(data, m.start()):
+                return full.group().replace(b"\x00", b""), m.start(), f" in UTF-{8 * width}"
+        elif m.start() >= decoded_to:
+            before = RUN_BEFORE.search(data, max(0, m.start() - 65536), m.start())
+            run = RUN.match(data, before.start() if before else m.start())
+            assert run is not None
+            decoded_to = run.end()
+            if (secret := _decoded_base64(run.group())) is not None:
+                return secret, run.start(), " in base64"
     return None
 
 
-def _decoded_base64(data: bytes, start: int, end: int) -> bytes | None:
-    """The secret in the base64 run around ``data[start:end]``, decoded at each alignment, or None."""
-    while start > 0 and re.match(B64, data[start - 1:start]):
-        start -= 1
-    run = re.match(B64 + b"+", data[start:])
-    assert run is not None
-    text = run.group()
+def _decoded_base64(run: bytes) -> bytes | None:
+    """The secret in a base64 run, decoded at each of its alignments, or None."""
     for k in range(4):
-        usable = text[k:][: (len(text) - k) // 4 * 4]
+        usable = run[k:][: (len(run) - k) // 4 * 4]
         try:
             plain = base64.b64decode(usable, validate=True)
         except ValueError:
@@ -114,20 +128,32 @@ def _decoded_base64(data: bytes, start: int, end: int) -> bytes | None:
     return None
 
 
-class Scanner:
-    """Searches the secrets in a stream of chunks. The last OVERLAP bytes of each chunk are searched again together
-    with the start of the next one, so a secret across a chunk boundary is found."""
+WEIGHTS = (".safetensors",)  # their data is searched as ASCII only: 16 GB of weights at the decoding scan's cost
+# would take several minutes per repo (BENCHMARKS.md); their header is parsed and decoded (structured_secret)
 
-    def __init__(self) -> None:
+
+class Scanner:
+    """Searches the secrets in a stream of chunks (``decode``: in every encoding :func:`search` knows, else as
+    ASCII). The last OVERLAP bytes of each chunk are searched again together with the start of the next one, so a
+    secret across a chunk boundary is found."""
+
+    def __init__(self, decode: bool = True) -> None:
+        self.decode = decode
         self.tail = b""
         self.offset = 0
         self.hit: tuple[bytes, str] | None = None  # the secret and where it is
         self.found: dict[str, Any] | None = None  # its redacted finding
 
+    def _search(self, text: bytes) -> tuple[bytes, int, str] | None:
+        if self.decode:
+            return search(text)
+        m = SECRETS.search(text)
+        return (m.group(), m.start(), "") if m else None
+
     def feed(self, chunk: bytes) -> None:
         if self.found is None:
             for base, text in ((self.offset - len(self.tail), self.tail + chunk[:OVERLAP]), (self.offset, chunk)):
-                if hit := search(text):
+                if hit := self._search(text):
                     secret, at, how = hit
                     self.hit = secret, f"at byte {base + at}{how}"
                     self.found = finding(*self.hit)
