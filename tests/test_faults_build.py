@@ -228,11 +228,13 @@ def test_a_damaged_calibration_capture_is_named_removed_and_captured_again(damag
                                                                           cheap_builds: Path, tmp_path: Path) -> None:
     """Issue 34: a capture file of the cache damaged on disk is named on stderr, removed and captured again; the
     build goes on, its bytes those of a build from the intact capture."""
+    from release.core.builds import load_release
     from release.core.io import cache_dir
+    from release.quantize.build import capture_folder
 
-    captures = sorted(cache_dir().glob("calibration/*/obs-00003.pt"))
-    assert captures, "the session's RTN build left its capture in the cache"
-    damaged = captures[0]
+    damaged = capture_folder(cache_dir(), tiny / "source", tiny / "observations", load_release().policy) / \
+        "obs-00003.pt"
+    assert damaged.is_file(), "the session's RTN build left its capture in the cache"
     intact = damaged.read_bytes()
     damaged.write_bytes(intact[: len(intact) // 2] if damage == "cut short" else b"not a torch file")
     result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",

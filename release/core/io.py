@@ -215,7 +215,13 @@ def _open_temporary(path: Path) -> tuple[Path, BinaryIO]:
         raise ReleaseError(f"{tmp}: a link where this command writes a temporary; remove it")
     tmp.unlink(missing_ok=True)  # this pid's, from an earlier run that was killed
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    return tmp, os.fdopen(fd, "wb")
+    try:
+        return tmp, os.fdopen(fd, "wb")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @contextlib.contextmanager

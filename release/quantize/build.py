@@ -79,6 +79,19 @@ class BuildRequest:
         return cls(release, builds, src, observations, output_folder(out, "--dist"), cache, identity)
 
 
+def capture_folder(cache: Path, source: Path, observations: Path, policy: PolicySettings) -> Path:
+    """Where the calibration capture of ``source`` on ``observations`` under ``policy`` is kept in ``cache``."""
+    from release.core.device import compute_device
+    from release.core.digest import folder_digest
+    from release.inputs.policy import settings_digest
+
+    key = hashlib.sha256(  # CPU and GPU rollouts differ in bf16: their captures are kept apart
+        f"{folder_digest(source)}|{observation_set_digest(observations)}|{settings_digest(policy)}|"
+        f"{compute_device()}".encode()
+    ).hexdigest()[:20]
+    return cache / "calibration" / key
+
+
 def capture_calibration(request: BuildRequest, observations: list[Observation]) -> tuple[Path, torch.nn.Module | None]:
     """Roll the BF16 policy out on the calibration observations and store every transformer call.
 
@@ -89,16 +102,10 @@ def capture_calibration(request: BuildRequest, observations: list[Observation]) 
     the builds may take it instead of reading the source again, :class:`release.inputs.source.SourceModel`).
     """
     from release.core.device import compute_device, free_memory
-    from release.core.digest import folder_digest
     from release.core.distributed import world
-    from release.inputs.policy import capture_calls, load_pipeline, rollout, settings_digest
+    from release.inputs.policy import capture_calls, load_pipeline, rollout
 
-    key = hashlib.sha256(  # CPU and GPU rollouts differ in bf16: their captures are kept apart
-        f"{folder_digest(request.source)}|{observation_set_digest(request.observations)}|"
-        f"{settings_digest(request.release.policy)}|"
-        f"{compute_device()}".encode()
-    ).hexdigest()[:20]
-    folder = request.cache / "calibration" / key
+    folder = capture_folder(request.cache, request.source, request.observations, request.release.policy)
     folder.mkdir(parents=True, exist_ok=True)
     todo = world().share([o for o in observations if not (folder / f"obs-{o.obs_id:05d}.pt").is_file()])
     transformer = None
