@@ -193,8 +193,8 @@ def _json_secret(value: Any, where: str) -> Found | None:
     return None
 
 
-def _inflate(data: bytes, what: str, wbits: int = zlib.MAX_WBITS) -> bytes:
-    inflater = zlib.decompressobj(wbits)
+def _inflate(data: bytes, what: str) -> bytes:
+    inflater = zlib.decompressobj()
     try:
         text = inflater.decompress(data, TEXT_LIMIT)
     except zlib.error as exc:
@@ -338,10 +338,8 @@ def text_secret(data: bytes, json_text: bool) -> dict[str, Any] | None:
     if json_text:
         try:
             found = _json_secret(json.loads(data), "in JSON at $")
-        except ValueError:
-            found = None
-        except RecursionError:
-            return {"kind": "JSON nested too deeply to scan", "shown": "…", "where": "in JSON"}
+        except (ValueError, RecursionError):  # not JSON, or too deep to read: its reader names it; the bytes are
+            found = None  # searched below
         if found:
             return finding(*found)
     hit = search(data)
