@@ -22,6 +22,9 @@
 #      latency and whether the actions are the same bits), $FOLD_ROLLOUTS observations (default 6);
 #   9. init: `release init WORK/proj` with $CALLS calibration calls (default 64) and $ALGO_CALLS algorithm calls
 #      (default 8) in every build file, and the sweep narrowed to $SWEEP when set (pass BUILDS_DIR=WORK/proj/builds);
+#   9b. served-gemm: TorchAO's static FP8 GEMM (the policy server's) against ModelOpt's at the Nano's Linear shapes
+#      (bench/gpu_served_gemm.py); served-start, served-wait: the five served builds built, then evaluated on the
+#      deployed and the served paths (bench/gpu_served.sh), followed across commands as the sweep is;
 #   10. sweep-start, sweep-wait: `release build --all` (bench/gpu_sweep.sh), started in the background and waited for
 #      up to $WAIT seconds (default 540) per command, then stopped with SIGTERM if $STOP is set; its reports, log and
 #      profile into OUT once it is done.
@@ -29,7 +32,7 @@
 #   WORK outside the checkout (e.g. /root/w) or ignored by git: the device tool replaces a checkout's untracked files
 #   at each call, and a sweep that spans calls loses its source and builds with them
 #   steps: setup floor build eval profile graphs fold capped-build capped-eval gptq probe extensions init sweep-start
-#   sweep-wait
+#   sweep-wait served-gemm served-start served-wait
 #   (default: the first five)
 #   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from init), FIXTURE_ARGS, CAP, GPU_GIB, WAIT, STOP,
 #   CALLS, ALGO_CALLS, SWEEP, GRAPH_ROLLOUTS (default 16)
@@ -55,6 +58,18 @@ same() {
     echo "| $2 vs $1: files differ ($2-diff.txt) |" | tee -a "$out/times.md"
   fi
 }
+# A helper (bench/gpu_sweep.sh, bench/gpu_served.sh) started in a process session of its own, which outlives this
+# command while the GPU machine is held, and followed across commands (one is limited to 10 minutes) until it writes
+# WORK/NAME/done; a copy runs (bash reads a script as it runs, and the checkout may be replaced meanwhile).
+started() {
+  cp "$here/$2" "$work/$2"
+  setsid nohup env BUILDS_DIR="${BUILDS_DIR:-}" bash "$work/$2" "$work" >"$work/$1.out" 2>&1 </dev/null &
+  echo "| $1 started |" | tee -a "$out/times.md"
+}
+waited() {
+  SECONDS=0
+  while [ ! -f "$1/done" ] && [ $SECONDS -lt "${WAIT:-540}" ]; do sleep 5; done
+}
 timed() { local name=$1; shift; SECONDS=0; "$@" >>"$out/log.txt" 2>&1; echo "| $name | ${SECONDS} s |" | tee -a "$out/times.md"; }
 for step in $steps; do
   case $step in
@@ -63,6 +78,10 @@ for step in $steps; do
       python3 -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' \
         >"$(venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/machine-torch.pth"
       venv/bin/pip install --quiet --no-index --find-links "$wheels" "$wheels"/release-*.whl
+      # the served path's TorchAO (release[served]), when the wheels hold it
+      if ls "$wheels"/torchao-*.whl >/dev/null 2>&1; then
+        venv/bin/pip install --quiet --no-index --no-deps "$wheels"/torchao-*.whl
+      fi
       timed "release fixture nano" $r fixture nano --out fx ${FIXTURE_ARGS:-} ;;
     floor)
       # O_DIRECT bypasses the page cache the fixture just filled: what a cold read of these shards costs
@@ -119,16 +138,9 @@ for step in $steps; do
       for f in dist-capped/*/results/*.perf.json; do cp "$f" "$out/capped-$(basename "$f")"; done
       same dist dist-capped ;;
     sweep-start)
-      # the sweep (bench/gpu_sweep.sh) in a process session of its own, which outlives this command while the GPU
-      # machine is held; sweep-wait follows it across commands (one is limited to 10 minutes)
-      # (a copy: bash reads a script as it runs, and the checkout may be replaced meanwhile)
-      cp "$here/gpu_sweep.sh" "$work/gpu_sweep.sh"
-      setsid nohup env BUILDS_DIR="${BUILDS_DIR:-}" bash "$work/gpu_sweep.sh" "$work" >"$work/sweep.out" 2>&1 \
-        </dev/null &
-      echo "| sweep started |" | tee -a "$out/times.md" ;;
+      started sweep gpu_sweep.sh ;;
     sweep-wait)
-      SECONDS=0
-      while [ ! -f sweep/done ] && [ $SECONDS -lt "${WAIT:-540}" ]; do sleep 5; done
+      waited sweep
       if [ ! -f sweep/done ] && [ -n "${STOP:-}" ]; then
         # SIGTERM, which the tool handles as Ctrl-C: the build in progress is left out, the profile keeps what ran
         # (SIGINT would not do: a command started in the background by a script ignores it)
@@ -139,6 +151,16 @@ for step in $steps; do
       tail -c 200000 sweep/log.txt >"$out/sweep-log.txt" 2>/dev/null || true
       cp sweep/profile.json "$out/sweep-profile.json" 2>/dev/null || true  # rewritten as each outer stage ends
       if [ -f sweep/done ]; then tar -C sweep -czf "$out/sweep-kept.tgz" kept; fi ;;
+    served-gemm)
+      timed "TorchAO's static FP8 GEMM vs ModelOpt's (bench/gpu_served_gemm.py)" bash -c \
+        "venv/bin/python '$here/gpu_served_gemm.py' '$out/served_gemm.json' >'$out/served_gemm.txt' 2>&1" ;;
+    served-start)
+      started served gpu_served.sh ;;
+    served-wait)
+      waited served
+      cp served/times.md "$out/served-times.md" 2>/dev/null || true
+      tail -c 100000 served/log.txt >"$out/served-log.txt" 2>/dev/null || true
+      (cd served && tar -czf "$out/served.tgz" --exclude=log.txt --exclude=times.md .) ;;
     extensions)
       # ModelOpt builds its CUDA extensions (FP8 fake quantization among them) with the compiler the first time they
       # are used on a machine and caches them: once per machine, as a user's first build pays it (run D of

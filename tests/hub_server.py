@@ -50,6 +50,8 @@ Behaviour worth knowing:
 * ``fail_next_lfs_upload = N``: the next N LFS PUTs read part of the body and then close the socket without a
   response.  huggingface_hub's ``http_backoff`` retries ``PUT`` on ``httpx2.NetworkError`` /
   ``RemoteProtocolError`` (up to 5 retries, sleeping 1 s, 2 s, ...), so the commit still succeeds.
+* ``store_lfs = fn``: each LFS object is stored as ``fn(body)`` under the id the client declared (the body's
+  sha256 is still checked): a server that keeps other bytes than it was sent, which a listing does not show.
 * ``fail_next_commits = [...]``: each ``/commit`` takes the first item: an HTTP status (the commit refused with it,
   nothing applied) or ``"drop after"`` (the commit applied, then the socket closed without a response).
 * ``/commit`` with a ``parentCommit`` that is not the head of the target branch -> HTTP 412 (``HfHubHTTPError``).
@@ -72,6 +74,7 @@ import json
 import re
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -155,6 +158,7 @@ class FakeHub:
         self.fail_next_lfs_upload = 0
         self.dropped_lfs_uploads = 0
         self.fail_next_commits: list[int | str] = []
+        self.store_lfs: Callable[[bytes], bytes] | None = None
         self.lfs_uploads: list[str] = []  # sha256 of every completed LFS PUT
         self.expected_token: str | None = None
         self.requests: list[tuple[str, str]] = []
@@ -918,7 +922,7 @@ class _Handler(BaseHTTPRequestHandler):
         if "size" in self.query and int(self.query["size"]) != len(data):
             raise _HubError(400, f"size mismatch for LFS object {oid}")
         with hub._lock:
-            hub.lfs_objects[oid] = data
+            hub.lfs_objects[oid] = data if hub.store_lfs is None else hub.store_lfs(data)
             hub.lfs_uploads.append(oid)
         self._send(200, b"", {"Content-Type": "text/plain", "ETag": f'"{oid}"'})
 

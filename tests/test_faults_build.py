@@ -82,6 +82,16 @@ from release.cli import main
 main()
 """
 
+# `release build ...` that SIGKILLs itself when its verification reaches the load-and-run check: the new build is
+# complete and partly verified, its report not written.
+BUILD_KILLED_IN_VERIFICATION = r"""
+import os, signal
+import release.check.verify as verify
+verify.check_loadable = lambda request: os.kill(os.getpid(), signal.SIGKILL)
+from release.cli import main
+main()
+"""
+
 
 def _write(folder: Path, files: dict[str, str]) -> None:
     for rel, text in files.items():
@@ -187,6 +197,34 @@ def test_killed_rebuild_then_failed_rebuild_keep_the_old_build(tiny: Path, cheap
     assert "internal error" not in result.output and len(result.output.strip().splitlines()[-1]) < 300
     assert _files(dist / REPO) == _encoded(OLD)
     assert os.listdir(dist) == [REPO]
+
+
+def test_a_rebuild_killed_during_its_verification_keeps_the_old_verified_build(tiny: Path, cheap_builds: Path,
+                                                                              tmp_path: Path) -> None:
+    """A new build is verified before it replaces the old one: killed during its verification, the old build, its
+    report and its provenance are there byte for byte; the rebuild that follows puts the new one in place, verified,
+    and leaves no temporary. The source records no reference, so the RTN build is its own (verified under its
+    temporary name, reported under its repo's)."""
+    source = tmp_path / "source"
+    shutil.copytree(tiny / "source", source)
+    record = json.loads((source / "fixture.json").read_text())
+    del record["reference"]
+    (source / "fixture.json").write_text(json.dumps(record))
+    dist = tmp_path / "dist"
+    args = ("build", "rtn", "--source", source, "--observations", tiny / "observations", "--out", dist)
+    assert invoke(*args).exit_code == 0
+    old = _files(dist / REPO)
+    rtn = cheap_builds / "rtn.yaml"  # a different build of the same name: fewer calibration calls
+    rtn.write_text(rtn.read_text().replace("calibration_calls: 16", "calibration_calls: 8"))
+    assert _child(BUILD_KILLED_IN_VERIFICATION, *args) == -signal.SIGKILL
+    assert _files(dist / REPO) == old
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    new = _files(dist / REPO)
+    assert new["provenance.json"] != old["provenance.json"]
+    report = json.loads(new["verification/report.json"])
+    assert report["status"] == "passed" and report["reference"] == REPO  # its own reference, named as its repo
+    assert sorted(p.name for p in dist.iterdir() if p.name.startswith(f".{REPO}")) == []
 
 
 @pytest.mark.parametrize("where, error, free", [

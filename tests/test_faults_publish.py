@@ -200,6 +200,54 @@ def test_a_file_changed_after_the_plan_is_not_committed_to_the_hub(hub: FakeHub,
     assert not hub.repos  # nothing was created or committed
 
 
+def test_a_file_changed_during_its_lfs_upload_is_one_line_naming_it(hub: FakeHub, dist: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shard changes after the push hashed it and huggingface_hub took its object id, before its bytes are sent:
+    the Hub refuses the upload, and the error says which file changed, not the raw upload error."""
+    import huggingface_hub._commit_api as commit_api
+
+    import release.publish.push as push
+
+    monkeypatch.setattr(push, "LFS_THRESHOLD", 1)  # uploaded from its path, as a Nano shard is (the tiny one is small)
+    shard = _shard(dist / RTN)
+    upload = commit_api._upload_lfs_files
+
+    def tamper_then_upload(*args: Any, **kwargs: Any) -> Any:
+        _flip_last_byte(shard)
+        return upload(*args, **kwargs)
+
+    monkeypatch.setattr(commit_api, "_upload_lfs_files", tamper_then_upload)
+    result = invoke("-q", "push", "rtn", "--dist", dist, "--endpoint", hub.url)
+    _one_line_error(result, 1, f"{shard}: changed after this push hashed it")
+    assert len(hub.commits(f"np-cr/{RTN}")) == 1  # the repo's initial commit: nothing of the build
+
+
+def test_a_hub_that_stores_other_bytes_under_the_approved_id_is_caught_and_not_tagged(hub: FakeHub,
+                                                                                     dist: Path) -> None:
+    """The listing after the commit shows the object ids the client declared; the bytes the Hub keeps are checked
+    by downloading each uploaded LFS file back at the commit."""
+    hub.store_lfs = lambda data: data[:-1] + bytes([data[-1] ^ 1])
+    result = invoke("-q", "push", "rtn", "--dist", dist, "--endpoint", hub.url)
+    _one_line_error(result, 2, "downloaded back, are not the hashed local file", f"np-cr/{RTN}: committed ")
+    assert result.output.rstrip().endswith("not tagged")
+    assert hub.tags(f"np-cr/{RTN}") == {}
+
+
+def test_a_read_only_target_is_one_line_and_changes_nothing(dist: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`push --target` into a folder on a read-only file system (a copy published earlier): one line naming it,
+    exit 2, the published copy unchanged."""
+    from tests.test_faults_inputs import _read_only, _snapshot
+
+    target = tmp_path / "hub"
+    assert _push(dist, target, "-q").exit_code == 0
+    before = _snapshot(target)
+    _read_only(target, monkeypatch)
+    _one_line_error(_push(dist, target, "-q", "--retag"), 2, str(target), "Read-only file system")
+    monkeypatch.undo()
+    assert _snapshot(target) == before
+
+
 # ---------------------------------------------------------------- 2. names that become paths or repo ids
 
 

@@ -83,7 +83,7 @@ def test_rollout_records_say_whether_graphs_ran(tiny: Path, tmp_path: Path, monk
     actions are the same bits either way."""
     release = load_release()
     request = EvalRequest(release, [], "deployed", "validation", tmp_path / "dist", tiny / "source",
-                          tiny / "observations", tmp_path / "cache", False)
+                          tiny / "observations", tmp_path / "cache", False, release.served_steps)
     observations, seeds = _validation(tiny, 1), [release.policy.noise_seed]
     actions = {}
     for switch, label in (("1", "bf16"), ("0", "bf16-eager")):

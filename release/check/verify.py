@@ -59,15 +59,24 @@ class VerifyRequest:
     observations: Path | None
     origin: ReferenceOrigin | None = None  # what the reference is (release.check.layout.reference_origin)
 
+    @property
+    def reference_name(self) -> str | None:
+        """The reference as the report names it (no local path): its folder's name, or the build's repo when the
+        build is its own reference (verified under a temporary name before it is put in place)."""
+        if self.reference is None:
+            return None
+        return self.build.repo if self.reference == self.folder else self.reference.name
+
     @classmethod
     def create(cls, name: str, dist: Path, reference: str | Path | None, source: str | Path | None,
-               observations: Path | None, require_reference: bool = True) -> VerifyRequest:
+               observations: Path | None, require_reference: bool = True, at: Path | None = None) -> VerifyRequest:
         """Without ``reference``: the fixture's (ModelOpt's own export, when the source is a tiny fixture), else the
         RTN build in ``dist`` (a self-reference); ``require_reference=False`` (after a build): without the RTN build
-        the reference checks are skipped."""
+        the reference checks are skipped. ``at``: the folder to verify in place of ``dist``'s, a new build before it
+        is put in place (the RTN build there is then its own reference)."""
         release = load_release()
         build = load_build(name)
-        folder = dist / build.repo
+        folder = at or dist / build.repo
         source, observations = recalled_inputs(dist, source, observations)
         if not folder.is_dir():
             raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
@@ -75,6 +84,8 @@ class VerifyRequest:
         ref: Path | None = fixture_reference(src) if reference is None else None
         if reference is None and ref is None:
             ref = dist / release.repos[REFERENCE_BUILD] if REFERENCE_BUILD in release.repos else None
+            if at is not None and ref == dist / build.repo:
+                ref = at
             if not require_reference and ref is not None and not ref.is_dir():
                 ref = None
             if ref is not None and not ref.is_dir():
@@ -166,7 +177,7 @@ def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | Non
     manifest[REPORT_MD] = FileEntry(sha256=hashlib.sha256(markdown).hexdigest(), size=len(markdown))
     statuses = {c.status for c in checks}
     report = Report(format=REPORT_FORMAT, build=request.build.name, repo=request.build.repo,
-                    reference=request.reference.name if request.reference else None,  # no local path in it
+                    reference=request.reference_name,  # no local path in it
                     status="failed" if "failed" in statuses else "incomplete" if "skipped" in statuses else "passed",
                     checks=checks, manifest=manifest,
                     after_verification=list(AFTER_VERIFICATION))
@@ -176,7 +187,7 @@ def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | Non
 
 
 def render_markdown(request: VerifyRequest, checks: list[Check]) -> str:
-    ref = f"`{request.reference.name}`" if request.reference else "none"
+    ref = f"`{request.reference_name}`" if request.reference else "none"
     if request.reference is not None and request.origin is not None and request.origin.kind != INDEPENDENT:
         ref += f" ({request.origin.kind}: {request.origin.what})"
     lines = [f"# Verification of {request.build.repo}", "", f"Reference: {ref}", "", "| Check | Passed | Result |",

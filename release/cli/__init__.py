@@ -161,12 +161,18 @@ def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str 
 @BUILDS
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_builds", is_flag=True, help="Evaluate the sweep of builds/release.yaml (as build --all).")
-@click.option("--path", "path_", type=click.Choice(["fakequant", "deployed"]), default="fakequant", show_default=True)
+@click.option("--path", "path_", type=click.Choice(["fakequant", "deployed", "served"]), default="fakequant",
+              show_default=True, help="fakequant: the seed's offline replay; deployed: diffusers with ModelOpt's FP8 "
+              "GEMM; served: as NVIDIA's policy server runs it (TorchAO, the 'served' extra).")
 @click.option("--split", type=click.Choice(["calibration", "validation", "all"]), default="calibration",
               show_default=True)
 @DIST
 @click.option("--source", type=click.Path(path_type=Path), default=None,
               help="BF16 source the rollouts compare with (default: $RELEASE_SOURCE, then as for build).")
+@click.option("--w8a16-first", type=click.IntRange(0, 100), default=None, metavar="N",
+              help="--path served: the first N denoising steps run W8A16 (default: served_steps of release.yaml).")
+@click.option("--w8a16-last", type=click.IntRange(0, 100), default=None, metavar="N",
+              help="--path served: the last N denoising steps run W8A16 (default: served_steps of release.yaml).")
 @OBSERVATIONS
 @click.option("--yardsticks", is_flag=True, help="Also BF16 eager vs torch.compile and seed vs seed.")
 @click.option("--external", default=None, metavar="CHECKPOINT", help="Also an FP8 checkpoint made elsewhere (a folder "
@@ -175,8 +181,8 @@ def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str 
               help="The row's title in the tables and cards.")
 @max_gpu_memory_option
 def eval_(names: tuple[str, ...], all_builds: bool, path_: str, split: str, dist: Path, source: Path | None,
-          observations: Path | None, yardsticks: bool, external: str | None, external_title: str,
-          max_gpu_memory: str | None) -> None:
+          w8a16_first: int | None, w8a16_last: int | None, observations: Path | None, yardsticks: bool,
+          external: str | None, external_title: str, max_gpu_memory: str | None) -> None:
     """Replay the policy for BF16 and each build on the same seeds; store the action chunks."""
     from release.core.memory import set_cap
     from release.measure.evaluate import EvalRequest, describe, run_eval
@@ -184,7 +190,7 @@ def eval_(names: tuple[str, ...], all_builds: bool, path_: str, split: str, dist
     set_cap(max_gpu_memory)
 
     request = EvalRequest.create(names, path_, split, dist, source, observations, yardsticks, all_builds,
-                                 external, external_title)
+                                 external, external_title, (w8a16_first, w8a16_last))
     for out in run_eval(request):
         click.echo(f"results: {out} ({describe(out)})")
 

@@ -101,6 +101,20 @@ class PolicySettings(_Strict):
                              "hold beyond one noise draw (K times the rollouts)")
 
 
+class StepPolicy(_Strict):
+    """The policy server's step policy, as ``release eval --path served`` runs it: step ``i`` of ``n`` runs W8A16
+    (the weight dequantized to BF16, a BF16 matmul) when ``i < w8a16_first_steps`` or ``i >= n -
+    w8a16_last_steps`` (cosmos-framework's ``mixed_precision_first_steps`` and ``mixed_precision_last_steps``), every
+    other step W8A8. The seed served 0 and 0: W8A8 on every step."""
+
+    w8a16_first_steps: int = Field(0, ge=0, le=100)
+    w8a16_last_steps: int = Field(0, ge=0, le=100)
+
+    def mode(self, step: int, steps: int) -> str:
+        w8a16 = step < self.w8a16_first_steps or step >= steps - self.w8a16_last_steps
+        return "W8A16" if w8a16 else "W8A8"
+
+
 BUILD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a build file's stem: builds/<name>.yaml
 BUILD_NAME_RULE = "letters, digits, '_' and '-', at most 64 characters"
 
@@ -156,7 +170,7 @@ class CampaignEval(_Strict):
     ``split``, as ``release eval`` would run it; a build named here that the sweep leaves out is not made, so not
     evaluated."""
 
-    path: Literal["fakequant", "deployed"]
+    path: Literal["fakequant", "deployed", "served"]
     split: Literal["calibration", "validation", "all"]
     builds: list[str] | None = None
 
@@ -194,6 +208,8 @@ class ReleaseConfig(_Strict):
     override: dict[str, Override] = Field({}, description="build -> deliver: true|false and a reason: a release "
                                           "that delivers otherwise than its selection chose")
     policy: PolicySettings = PolicySettings()
+    served_steps: StepPolicy = Field(StepPolicy(), description="the policy server's step policy that 'release eval "
+                                     "--path served' runs (W8A16 on the first and last steps, W8A8 between)")
     calibration_labs: list[str] = []
     heldout_labs: list[str] = []
     action_stats: str = Field("action_stats.json", description="per-dimension action sigma, in the observation set")

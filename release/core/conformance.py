@@ -13,8 +13,11 @@ from pathlib import Path
 
 TABLE = Path(__file__).with_name("fp8_conformance.json")
 # The kernels a deployed transformer's FP8 Linears run (release.quantize.load), as release eval records them: ModelOpt's
-# compiled FP8 GEMM, an eager torch._scaled_mm (the per-channel family's row-wise GEMM), or the emulation.
+# compiled FP8 GEMM, an eager torch._scaled_mm (the per-channel family's row-wise GEMM), or the emulation; and the
+# served path's (release.quantize.served): TorchAO's static FP8 tensor, as NVIDIA's policy server runs it.
 MODELOPT, SCALED_MM, EMULATION = "modelopt-fp8-gemm", "torch-scaled-mm", "emulation"
+TORCHAO = "torchao-float8-static"
+POLICY_SERVER = "policy-server"  # results imported from a server (release import-served): its kernel, not recorded
 Shape = tuple[int, int, int]
 
 

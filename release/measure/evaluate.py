@@ -2,7 +2,8 @@
 
 Paths: ``fakequant`` (the source with ModelOpt fake quantization at the build's scales), ``deployed`` (the exported
 build through diffusers: ModelOpt's FP8 GEMM on CUDA, an emulation of its arithmetic on a CPU) and ``served``
-(results imported from a policy server). Every path stores ``results/<path>-<split>.npz`` in the build folder:
+(the exported build as NVIDIA's policy server runs it, TorchAO's static FP8 under the release's step policy; or
+results imported from a policy server). Every path stores ``results/<path>-<split>.npz`` in the build folder:
 ``reference`` and ``candidate`` [N, chunk, 8], ``obs_ids``, ``seeds``, ``labs``, and ``computed``: how the
 candidate was computed (``computation``: device, torch and CUDA versions, the FP8 GEMM kernel and the GEMM shapes).
 Yardsticks (BF16 eager vs ``torch.compile``; one noise seed vs others) go to ``<dist>/yardsticks/``.
@@ -24,7 +25,8 @@ import torch
 from release import __version__
 from release.check.written import record_written
 from release.core.builds import load_build, load_release
-from release.core.config import BuildConfig, PolicySettings, ReleaseConfig
+from release.core.config import BuildConfig, PolicySettings, ReleaseConfig, StepPolicy
+from release.core.conformance import POLICY_SERVER
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, parse_json, replacing, write_json
 from release.core.output import info, progress
@@ -34,11 +36,11 @@ from release.inputs.observations import Observation, action_sigma, load_observat
 from release.inputs.source import load_transformer, recalled_inputs, resolve_source, source_revision
 from release.measure.layout import EXTERNAL, EXTERNAL_TITLE, PERF, RESULTS, YARDSTICKS, as_external, external_name
 from release.quantize.load import deployed_transformer, fakequant_transformer
+from release.quantize.served import served_transformer, torchao_version
 
 Path_ = Literal["fakequant", "deployed", "served"]
 Split = Literal["calibration", "validation", "all"]
 HOW = ".how.json"  # beside a cached rollout: the machine, versions, FP8 GEMM kernel, GEMM shapes, CUDA graphs or not
-SERVED = "policy-server"  # the kernel of imported results: the server's, not recorded here
 SEEDS_YARDSTICK = (4, 4)  # observations x seeds
 EMULATION = "fp8-gemm-emulation/5"  # fp32 input quotient; Hopper's fast-accumulation arithmetic (zero codes); row-wise
 
@@ -66,6 +68,7 @@ class EvalRequest:
     observations: Path
     cache: Path
     yardsticks: bool
+    steps: StepPolicy  # the served path's: which denoising steps run W8A16
 
     @property
     def builds(self) -> list[BuildConfig]:
@@ -74,7 +77,8 @@ class EvalRequest:
     @classmethod
     def create(cls, names: tuple[str, ...], path: str, split: str, dist: Path, source: str | Path | None,
                observations: Path | None, yardsticks: bool, all_builds: bool = False,
-               external: str | None = None, external_title: str = EXTERNAL_TITLE) -> EvalRequest:
+               external: str | None = None, external_title: str = EXTERNAL_TITLE,
+               w8a16_steps: tuple[int | None, int | None] = (None, None)) -> EvalRequest:
         from release.core.builds import available_builds
         from release.inputs.source import resolve_checkpoint, source_identity
 
@@ -102,7 +106,10 @@ class EvalRequest:
         obs = observations or src.parent / "observations"
         if not (obs / "index.json").is_file():
             raise ReleaseError(f"observation set {obs} not found; pass --observations DIR")
-        return cls(release, subjects, path, split, dist, src, obs, cache_dir(), yardsticks)  # type: ignore[arg-type]
+        given = dict(zip(("w8a16_first_steps", "w8a16_last_steps"), w8a16_steps, strict=True))
+        steps = release.served_steps.model_copy(update={k: v for k, v in given.items() if v is not None})
+        return cls(release, subjects, path, split, dist, src, obs, cache_dir(), yardsticks,  # type: ignore[arg-type]
+                   steps)
 
 
 def select(observations: list[Observation], release: ReleaseConfig, split: str) -> list[Observation]:
@@ -161,15 +168,18 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
                 capturable(pipe.transformer)  # the BF16 source; a deployed build's maker marks its own
             graphed = graph_decoder_stack(pipe.transformer) is not None
             gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
+            schedule = getattr(pipe.transformer, "step_schedule", None)  # a served build's W8A8 / W8A16 per step
             for i in todo:
                 settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
                 if gemms is not None:
                     gemms.shapes.clear()
+                kwargs = pipe_kwargs if schedule is None else {**pipe_kwargs, **schedule.pipe_kwargs()}
                 with stage(f"eval: rollouts {label.split(':')[0]}") as measure:
-                    actions = rollout(pipe, observations[i], settings, **pipe_kwargs)
+                    actions = rollout(pipe, observations[i], settings, **kwargs)
                 write_json(paths[i].with_suffix(HOW), {
                     **machine(), "kernel": None if gemms is None else gemms.kernel,
-                    "gemm_shapes": [] if gemms is None else sorted(gemms.shapes), "graphs": graphed})
+                    "gemm_shapes": [] if gemms is None else sorted(gemms.shapes), "graphs": graphed,
+                    **({} if schedule is None else {"steps": schedule.ran, "torchao": schedule.torchao})})
                 if measure.peak_bytes is not None:  # before the actions: cached actions on a GPU have their figures
                     write_json(paths[i].with_suffix(PERF), {"seconds": measure.seconds, "peak_bytes":
                                                             measure.peak_bytes, "device": device_name(),
@@ -209,14 +219,16 @@ def computation(request: EvalRequest, label: str, observations: list[Observation
                                "rollout runs again)")
         records.append(parse_json(path.read_bytes(), str(path), "delete it and rerun release eval (that rollout runs "
                                   "again)", "a rollout record"))
-    kinds = {(r.get("device"), r.get("torch"), r.get("cuda"), r.get("kernel")) for r in records}
+    kinds = {(r.get("device"), r.get("torch"), r.get("cuda"), r.get("kernel"), str(r.get("steps"))) for r in records}
     if len(kinds) != 1:
         raise ReleaseError(f"{paths[0].parent}: the cached rollouts of {label.split(':')[0]} ran on different "
                            f"machines or kernels {sorted(map(str, kinds))}; delete that folder and rerun release eval")
-    device, torch_version, cuda, kernel = kinds.pop()
+    device, torch_version, cuda, kernel, _ = kinds.pop()
     shapes = sorted({tuple(s) for r in records for s in r.get("gemm_shapes", [])})
+    # the served path's modes per step and TorchAO's version
+    steps = {} if records[0].get("steps") is None else {"steps": records[0]["steps"], "torchao": records[0]["torchao"]}
     return {"device": device, "torch": torch_version, "cuda": cuda, "kernel": kernel,
-            "gemm_shapes": [list(s) for s in shapes]}
+            "gemm_shapes": [list(s) for s in shapes], **steps}
 
 
 def performance(request: EvalRequest, label: str, observations: list[Observation],
@@ -303,12 +315,14 @@ def _label(request: EvalRequest, subject: Subject) -> str:
     tool version and the emulation's arithmetic (a change of any re-runs the rollouts). An external checkpoint's
     key is its revision."""
     build = subject.build
+    served = "" if request.path != "served" else \
+        f":{request.steps.w8a16_first_steps}-{request.steps.w8a16_last_steps}:torchao-{torchao_version()}"
     if subject.revision is not None:
-        return f"{request.path}:{EXTERNAL}:{build.name}:{subject.revision}:{__version__}:{EMULATION}"
+        return f"{request.path}:{EXTERNAL}:{build.name}:{subject.revision}:{__version__}:{EMULATION}{served}"
     path = request.dist / build.repo / "provenance.json"
     prov = read_provenance(path, build.name)
     config, data = prov["config_sha256"], prov["calibration"]["sha256"]
-    return f"{request.path}:{build.name}:{config}:{data}:{__version__}:{EMULATION}"
+    return f"{request.path}:{build.name}:{config}:{data}:{__version__}:{EMULATION}{served}"
 
 
 def _series(request: EvalRequest, splits: list[str]) -> tuple[list[Observation], list[int]]:
@@ -327,9 +341,13 @@ def _candidate(request: EvalRequest, subject: Subject, label: str, obs: list[Obs
     if request.path == "fakequant":
         make = functools.partial(fakequant_transformer, request.source, subject.checkpoint, subject.build)
         return rollouts(request, label, make, obs, seeds, {})
-    deployed_kwargs = {"mixed_precision_format": "none"}  # W8A8 on every step, as NVIDIA's policy server serves it
-    return rollouts(request, label, functools.partial(deployed_transformer, subject.checkpoint), obs, seeds,
-                    deployed_kwargs)
+    # diffusers' own step policy off: the deployed path runs W8A8 on every step, as the seed's server served it; the
+    # served path's steps follow its StepSchedule
+    native = {"mixed_precision_format": "none"}
+    if request.path == "served":
+        make = functools.partial(served_transformer, subject.checkpoint, request.steps, request.release.policy.steps)
+        return rollouts(request, label, make, obs, seeds, native)
+    return rollouts(request, label, functools.partial(deployed_transformer, subject.checkpoint), obs, seeds, native)
 
 
 def roll_out(request: EvalRequest, splits: list[str]) -> None:
@@ -458,6 +476,6 @@ def import_served(name: str, file: Path, dist: Path, observations: Path | None, 
     sigma = data["sigma"] if "sigma" in data else action_sigma(obs_folder, release.action_stats, dims)
     out = folder / RESULTS / "served-all.npz"
     save_results(out, ref, cand, [known[i] for i in ids], seeds, sigma,  # computed by the server: its kernel alone
-                 {"device": None, "torch": None, "cuda": None, "kernel": SERVED, "gemm_shapes": []})
+                 {"device": None, "torch": None, "cuda": None, "kernel": POLICY_SERVER, "gemm_shapes": []})
     record_written(folder, [out], "release import-served")
     return out

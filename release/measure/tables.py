@@ -152,6 +152,7 @@ def read_results(file: Path, dims: int) -> PerObservation:
 
 
 COMPUTED = ("device", "torch", "cuda", "kernel", "gemm_shapes")
+SERVED_COMPUTED = ("steps", "torchao")  # the served path's, as release eval records it: each step's mode, TorchAO
 
 
 def read_computed(file: Path) -> dict[str, Any]:
@@ -170,10 +171,14 @@ def read_computed(file: Path) -> dict[str, Any]:
         shapes = [[int(v) for v in s] for s in doc["gemm_shapes"]]
         if not all(k in doc for k in COMPUTED) or not all(len(s) == 3 for s in shapes):
             raise ValueError("a field is missing")
+        served = {k: doc[k] for k in SERVED_COMPUTED if k in doc}
+        if served and not (isinstance(served.get("torchao"), str) and isinstance(served.get("steps"), list)
+                           and served["steps"] and all(m in ("W8A8", "W8A16") for m in served["steps"])):
+            raise ValueError("the steps are not W8A8 or W8A16")
     except (ValueError, TypeError, KeyError) as exc:
         raise ReleaseError(f"{file}: 'computed' is not the record release eval writes ({', '.join(COMPUTED)}); "
                            f"{fix}") from exc
-    return {k: doc[k] for k in COMPUTED} | {"gemm_shapes": shapes}
+    return {k: doc[k] for k in COMPUTED} | {"gemm_shapes": shapes} | served
 
 
 def read_speed(file: Path) -> dict[str, Any] | None:

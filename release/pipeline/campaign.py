@@ -14,6 +14,7 @@ rollouts and the capture resume from their caches), and a changed input redoes w
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from dataclasses import dataclass, replace
@@ -76,9 +77,9 @@ def evals(request: BuildRequest, build: BuildConfig) -> list[CampaignEval]:
     listed = release.campaign.evals
     if not listed:
         rule = release.selection
-        if rule is None or rule.path == "served":
-            raise ReleaseError(f"{builds_dir() / 'release.yaml'}: 'campaign.evals' is empty and the selection's path "
-                               "is not one the campaign runs (fakequant or deployed); list the evaluations under "
+        if rule is None:
+            raise ReleaseError(f"{builds_dir() / 'release.yaml'}: 'campaign.evals' is empty and there is no "
+                               "selection to take its path and split from; list the evaluations under "
                                "'campaign.evals'")
         listed = [CampaignEval(path=rule.path, split=rule.split)]
     return [e for e in listed if e.builds is None or build.name in e.builds]
@@ -191,7 +192,8 @@ def _evaluate(request: CampaignRequest, build: BuildConfig) -> None:
     wanted = evals(b, build)
     for path in dict.fromkeys(e.path for e in wanted):
         splits = [e.split for e in wanted if e.path == path]
-        base = EvalRequest(b.release, [subject], path, splits[0], dist, b.source, b.observations, b.cache, False)
+        base = EvalRequest(b.release, [subject], path, splits[0], dist, b.source, b.observations, b.cache, False,
+                           b.release.served_steps)
         with stage(f"campaign: eval {path}"):
             roll_out(base, list(splits))
             for split in splits:
@@ -203,7 +205,14 @@ def _yardsticks(request: CampaignRequest) -> None:
     for split in b.release.campaign.yardsticks:
         with stage("campaign: yardsticks"):
             run_eval(EvalRequest(b.release, [], "fakequant", split, request.dist, b.source, b.observations, b.cache,
-                                 True))
+                                 True, b.release.served_steps))
+
+
+def _verified(verifier: Verifier, request: CampaignRequest, build: BuildConfig, at: Path | None = None) -> bool:
+    """The build's verification in the dist, or of ``at`` (the build before it is put in place)."""
+    b = request.build
+    return verifier(VerifyRequest.create(build.name, request.dist, None, b.source, b.observations,
+                                         require_reference=False, at=at))
 
 
 def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
@@ -222,12 +231,14 @@ def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
         for build in builds:
             entry, folder = journal.entry(build), dist / build.repo
             if "verified" not in entry:
-                if not _built(folder, build, b.identity.revision):
+                if _built(folder, build, b.identity.revision):
+                    verifier = verifier or Verifier(builder.source if builder is not None else None)
+                    entry["verified"] = _verified(verifier, request, build)
+                else:  # verified before it is put in place, as by 'release build'
                     builder = builder or Builder.prepare(b)
-                    builder.make(build, observed)
-                verifier = verifier or Verifier(builder.source if builder is not None else None)
-                entry["verified"] = verifier(VerifyRequest.create(build.name, dist, None, b.source, b.observations,
-                                                                  require_reference=False))
+                    verifier = verifier or Verifier(builder.source)
+                    entry["verified"] = bool(builder.make(build, observed,
+                                                          functools.partial(_verified, verifier, request, build)))
                 journal.save()
             if entry["verified"] and not entry.get("evaluated"):
                 _evaluate(request, build)

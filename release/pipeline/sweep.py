@@ -4,6 +4,9 @@ stopped sweep has already verified what it made."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 from release.core.config import BuildConfig
 from release.core.distributed import world
@@ -26,19 +29,22 @@ def run_builds(request: BuildRequest) -> bool:
     reference_ready = REFERENCE_BUILD not in {b.name for b in builds} or fixtures is not None
     verifier, ok, later = Verifier(builder.source), True, []
 
-    def verification(build: BuildConfig) -> VerifyRequest:
+    def verification(build: BuildConfig, at: Path | None = None) -> VerifyRequest:
         return VerifyRequest.create(build.name, request.out, None, request.source, request.observations,
-                                    require_reference=False)
+                                    require_reference=False, at=at)
+
+    def verified(build: BuildConfig, at: Path) -> bool:
+        return verifier(verification(build, at))
 
     mine = world().share(builds)
     observed = ObserverPasses(b.calibrator for b in mine if observes_source(b))
     with progress(f"{world().tag}builds", len(mine)) as bar:
         for build in mine:
-            builder.make(build, observed)
             reference_ready |= build.name == REFERENCE_BUILD
-            if reference_ready:
-                ok &= verifier(verification(build))
+            if reference_ready:  # verified before it replaces the old build: a kill meanwhile leaves that one whole
+                ok &= bool(builder.make(build, observed, functools.partial(verified, build)))
             else:
+                builder.make(build, observed)
                 later.append(build)
             bar.advance()
     world().barrier()  # the RTN build, the others' reference, is in place

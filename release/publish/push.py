@@ -14,6 +14,7 @@ them) and returns what it did, as text or JSON.
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 
 from release.core.config import BuildConfig
 from release.core.errors import GateError, ReleaseError
-from release.core.io import atomic_dir, cache_dir, clean_stale, exclusive_lock
+from release.core.io import atomic_dir, cache_dir, clean_stale, exclusive_lock, sha256_file
 from release.core.output import info, quiet
 from release.publish.gate import checked_files
 from release.publish.hashing import LFS_THRESHOLD, HashCache
@@ -78,17 +79,43 @@ def _operation(folder: Path, f: FilePlan, hashed: dict[str, Any]) -> Any:
     return op
 
 
-def _mismatches(remote: HubRemote, plan: RepoPlan, local: dict[str, dict[str, Any]]) -> list[str]:
-    """Files whose remote hash differs from the hash the plan approved, compared the way the remote stores each."""
+def _mismatches(remote: HubRemote, plan: RepoPlan, local: dict[str, dict[str, Any]], commit: str) -> str | None:
+    """The first file whose remote hash differs from the hash the plan approved, compared the way the remote stores
+    each, and why; then the LFS files this commit uploaded are downloaded back at the commit and hashed: a listing
+    gives only the object id the client declared, not the bytes stored under it."""
+    from huggingface_hub.errors import HfHubHTTPError
+
     after = remote.state(plan.repo_id, plan.revision).files
-    wrong = []
     for f in plan.files:
         if f.action == "delete":
             continue
         entry, mine = after.get(f.path), local[f.path]
         if entry is None or entry[1] != (mine["sha256"] if entry[2] else mine["sha1"]):
-            wrong.append(f.path)
-    return wrong
+            return f"the remote {f.path} does not match the hashed local file"
+    uploaded = [f for f in plan.changes if f.action in ("add", "modify") and after[f.path][2]]
+    failures: tuple[type[Exception], ...] = (HfHubHTTPError, OSError, *_transport_errors())
+    with tempfile.TemporaryDirectory(prefix="release-readback-") as tmp:
+        for f in uploaded:
+            try:
+                path = Path(remote.api.hf_hub_download(plan.repo_id, f.path, revision=commit, local_dir=tmp))
+                got = sha256_file(path)
+                path.unlink()
+            except failures as exc:
+                return f"{f.path} could not be downloaded back to check its bytes ({type(exc).__name__})"
+            if got != local[f.path]["sha256"]:
+                return (f"the bytes the Hub stores for {f.path}, downloaded back, are not the hashed local file "
+                        f"(sha256 {got}, approved {local[f.path]['sha256']})")
+    return None
+
+
+def _changed_during_upload(folder: Path, plan: RepoPlan, local: dict[str, dict[str, Any]]) -> GateError | None:
+    """An upload that failed because a file changed after it was hashed (the server checks each LFS object's id):
+    the first such file, else None."""
+    for f in plan.changes:
+        path = folder / f.path
+        if f.action in ("add", "modify") and (not path.is_file() or sha256_file(path) != local[f.path]["sha256"]):
+            return _changed_after_hashing(path)
+    return None
 
 
 def _tag(remote: HubRemote, plan: RepoPlan, commit: str) -> str:
@@ -158,12 +185,18 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
                                      parent_commit=plan.head, create_pr=request.create_pr)
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
+        changed = _changed_during_upload(folder, plan, local)
+        if changed is not None:
+            raise changed from exc
         if status == 412:
             raise ReleaseError(f"{plan.repo_id}: the branch moved after the plan (parent {plan.head}); nothing "
                                "was overwritten; run 'release push' again to re-plan") from exc
         raise ReleaseError(f"{plan.repo_id}: the Hub refused the commit: HTTP {status}; nothing was committed; "
                            f"{empty}run 'release push' again") from exc
     except RuntimeError as exc:  # huggingface_hub: an LFS upload that still failed after its retries
+        changed = _changed_during_upload(folder, plan, local)
+        if changed is not None:
+            raise changed from exc
         cause = exc.__cause__ or exc
         raise ReleaseError(f"{plan.repo_id}: {exc} ({type(cause).__name__}, after huggingface_hub's retries); "
                            f"nothing was committed; {empty}run 'release push' again (uploaded files are not sent "
@@ -175,10 +208,9 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
     commit = done.oid
     if request.create_pr:
         return Pushed(f"{created}opened a pull request ({plural(len(ops), 'file')})", commit, done.pr_url)
-    wrong = _mismatches(remote, plan, local)
+    wrong = _mismatches(remote, plan, local, commit)
     if wrong:
-        raise ReleaseError(f"{plan.repo_id}: committed {commit[:12]}, but the remote {wrong[0]} does not match the "
-                           "hashed local file; not tagged")
+        raise ReleaseError(f"{plan.repo_id}: committed {commit[:12]}, but {wrong}; not tagged")
     tagged = _tag(remote, plan, commit) if plan.tag_action != "none" else f"not tagged (branch {plan.revision})"
     return Pushed(f"{created}committed {commit[:12]} to {plan.revision} ({plural(len(ops), 'file')}), {tagged}, "
                   "checksums verified", commit, done.commit_url)

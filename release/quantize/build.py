@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -273,8 +274,11 @@ class Builder:
                 free_memory()
         return cls(request, config, calibration, data, source, device, extensions)
 
-    def make(self, build: BuildConfig, observed: ObserverPasses) -> Path:
-        """Quantize, export and record the provenance of one build, atomically into its folder."""
+    def make(self, build: BuildConfig, observed: ObserverPasses, check: Callable[[Path], bool] | None = None
+             ) -> bool | None:
+        """Quantize, export and record the provenance of one build, atomically into its folder. ``check`` (its
+        verification) runs on the finished folder before it is put in place, so that a kill during it leaves the old
+        build whole; its answer is returned (None without one)."""
         import diffusers
         import modelopt
 
@@ -288,56 +292,58 @@ class Builder:
         calls, algorithm = data.calibration_calls(build), data.algorithm_calls(build)
         final = request.out / build.repo
         info(f"build {build.name} ({'+'.join(build.recipe)}, {build.scheme}, {build.calibrator.method}) -> {final}")
-        with progress(f"build {build.name}") as bar, atomic_dir(final) as tmp, stage(f"build {build.name}"):
-            with bar.part("instantiate"), stage("instantiate the BF16 transformer"):
-                on_device = [[map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm)]
-                model = source.instantiate(device)
-            with bar.part("quantize"), stage("quantize (recipe, calibration)"):
-                quantized = quantize(model, build, on_device[0], on_device[1], observed, source.state)
-            with bar.part("export"):
-                exported = export_build(quantized, build, source, on_device[0][0], tmp, _build_files(build))
-            uses_data = build.needs_algorithm_data
-            provenance = {
-                "build": build.name,
-                "repo": build.repo,
-                "recipe": {
-                    "name": "+".join(build.recipe),
-                    "steps": build.recipe,
-                    "parameters": {step.name: step.describe(build) for step in steps(build)},
-                    "scheme": build.scheme,
-                    "layerwise_calibration": build.layerwise,
-                    "alpha_table": quantized.alpha_table,
-                    "observer": build.calibrator.model_dump(),
-                    "arithmetic": build.arithmetic,
-                    "changes_weights": changes_weights(build),
-                    "max_weight_error": max_weight_error(build),
-                    "reconstruction": quantized.reconstruction,
-                },
-                "source": {"repo": request.identity.repo or request.release.base_model, "revision": revision,
-                           "origin": request.identity.origin, "base_revision": request.release.base_revision,
-                           "revision_mismatch": request.identity.is_commit
-                           and revision != request.release.base_revision,
-                           "architecture": {k: self.config[k] for k in ("hidden_size", "num_hidden_layers")},
-                           "license": source_license(request.source)},
-                "tool": {"name": "release", "version": __version__, "commit": tool_commit()},
-                "versions": {"modelopt": modelopt.__version__, "torch": torch.__version__,
-                             "diffusers": diffusers.__version__, "python": platform.python_version()},
-                "device": _device_name(),
-                "seeds": {"noise_seed": request.release.policy.noise_seed},
-                "policy": request.release.policy.model_dump(),
-                "calibration": {"observations": len(self.calibration), "calls": len(calls),
-                                "sha256": CalibrationData.digest(calls), "capture_sha256": data.sha256,
-                                "labs": sorted({o.lab for o in self.calibration}),
-                                "dataset": dataset_id(request.observations)},
-                "algorithm_data": {"calls": len(algorithm) if uses_data else 0,
-                                   "sha256": CalibrationData.digest(algorithm) if uses_data else None},
-                "quantized_linears": exported["quantized_linears"],
-                "fp8": {k: exported[k] for k in ("codes_sha256", "codes", "input_amax")},
-                "config_sha256": build.digest(),
-                "date": build_date(),
-            }
-            Provenance.model_validate(provenance)  # what every reader relies on (a failure here is this tool's bug)
-            write_json(tmp / "provenance.json", provenance)
-            del quantized, on_device, model
-            bar.result = f"{exported['quantized_linears']} FP8 Linears written"
-        return final
+        with atomic_dir(final) as tmp:
+            with progress(f"build {build.name}") as bar, stage(f"build {build.name}"):
+                with bar.part("instantiate"), stage("instantiate the BF16 transformer"):
+                    on_device = [[map_tensors(c, lambda t: t.to(device)) for c in cs] for cs in (calls, algorithm)]
+                    model = source.instantiate(device)
+                with bar.part("quantize"), stage("quantize (recipe, calibration)"):
+                    quantized = quantize(model, build, on_device[0], on_device[1], observed, source.state)
+                with bar.part("export"):
+                    exported = export_build(quantized, build, source, on_device[0][0], tmp, _build_files(build))
+                uses_data = build.needs_algorithm_data
+                provenance = {
+                    "build": build.name,
+                    "repo": build.repo,
+                    "recipe": {
+                        "name": "+".join(build.recipe),
+                        "steps": build.recipe,
+                        "parameters": {step.name: step.describe(build) for step in steps(build)},
+                        "scheme": build.scheme,
+                        "layerwise_calibration": build.layerwise,
+                        "alpha_table": quantized.alpha_table,
+                        "observer": build.calibrator.model_dump(),
+                        "arithmetic": build.arithmetic,
+                        "changes_weights": changes_weights(build),
+                        "max_weight_error": max_weight_error(build),
+                        "reconstruction": quantized.reconstruction,
+                    },
+                    "source": {"repo": request.identity.repo or request.release.base_model, "revision": revision,
+                               "origin": request.identity.origin, "base_revision": request.release.base_revision,
+                               "revision_mismatch": request.identity.is_commit
+                               and revision != request.release.base_revision,
+                               "architecture": {k: self.config[k] for k in ("hidden_size", "num_hidden_layers")},
+                               "license": source_license(request.source)},
+                    "tool": {"name": "release", "version": __version__, "commit": tool_commit()},
+                    "versions": {"modelopt": modelopt.__version__, "torch": torch.__version__,
+                                 "diffusers": diffusers.__version__, "python": platform.python_version()},
+                    "device": _device_name(),
+                    "seeds": {"noise_seed": request.release.policy.noise_seed},
+                    "policy": request.release.policy.model_dump(),
+                    "calibration": {"observations": len(self.calibration), "calls": len(calls),
+                                    "sha256": CalibrationData.digest(calls), "capture_sha256": data.sha256,
+                                    "labs": sorted({o.lab for o in self.calibration}),
+                                    "dataset": dataset_id(request.observations)},
+                    "algorithm_data": {"calls": len(algorithm) if uses_data else 0,
+                                       "sha256": CalibrationData.digest(algorithm) if uses_data else None},
+                    "quantized_linears": exported["quantized_linears"],
+                    "fp8": {k: exported[k] for k in ("codes_sha256", "codes", "input_amax")},
+                    "config_sha256": build.digest(),
+                    "date": build_date(),
+                }
+                Provenance.model_validate(provenance)  # what every reader relies on (a failure here is this tool's bug)
+                write_json(tmp / "provenance.json", provenance)
+                del quantized, on_device, model
+                bar.result = f"{exported['quantized_linears']} FP8 Linears written"
+            passed = None if check is None else check(tmp)
+        return passed

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from release.core.builds import available_builds, load_build
-from release.core.conformance import EMULATION, MODELOPT, SCALED_MM
+from release.core.conformance import EMULATION, MODELOPT, POLICY_SERVER, SCALED_MM, TORCHAO
 from release.core.errors import ReleaseError
 from release.measure.stats import decimals
 from release.publish.card.i18n import Formatter, _
@@ -150,8 +150,55 @@ def device_word(device: str | None, t: Any) -> str:
     return t(_("the CPU")) if device in (None, "cpu") else str(device).removeprefix("NVIDIA ")
 
 
+# A served row's label: imported from a policy server, or computed as the server computes (release eval --path served).
+SERVED_LABEL = _("served, {device}, TorchAO static FP8, {steps}")
+SERVED_HOW = _("the exported build through diffusers, each FP8 Linear made as NVIDIA's policy server makes it: "
+               "TorchAO {torchao}'s static FP8 tensor at the stored `weight_scale` and `input_scale`, "
+               "`torch._scaled_mm` with fast accumulation on {device} (torch {torch}); {steps}")
+
+
+def steps_text(modes: list[str], t: Any) -> str:
+    """What each denoising step ran on the served path: ``W8A8 on all 4 steps``, or which steps ran W8A16."""
+    if len(set(modes)) == 1:
+        return str(t(_("{mode} on all {n} steps"))).format(mode=modes[0], n=len(modes))
+    numbers = {m: ", ".join(str(i + 1) for i, x in enumerate(modes) if x == m) for m in ("W8A16", "W8A8")}
+    return str(t(_("W8A16 on steps {w8a16}, W8A8 on steps {w8a8}"))).format(w8a16=numbers["W8A16"],
+                                                                           w8a8=numbers["W8A8"])
+
+
+def served_computations(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The distinct computations of the served ``records`` that this tool ran (TorchAO, as the policy server); the
+    imported ones (``release import-served``) record none."""
+    out = {}
+    for r in records:
+        c = r.get("computed")
+        if r["path"] == "served" and isinstance(c, dict) and c.get("kernel") == TORCHAO:
+            key = f"{c['device']}|{c.get('torch')}|{c.get('torchao')}|{c.get('steps')}"
+            out[key] = c
+    return [out[k] for k in sorted(out)]
+
+
+def served_imported(records: Iterable[dict[str, Any]]) -> bool:
+    """Whether any served record came from a policy server's results (``release import-served``)."""
+    return any(r["path"] == "served" and (r.get("computed") or {}).get("kernel", POLICY_SERVER) != TORCHAO
+               for r in records)
+
+
+def served_how(records: list[dict[str, Any]], t: Any) -> str:
+    """The paths table's "how" of the served path: each computation of it, and the import if results were."""
+    hows = [t(SERVED_HOW).format(torchao=c.get("torchao"), device=device_word(c["device"], t), torch=c.get("torch"),
+                                 steps=steps_text(list(c.get("steps") or []), t))
+            for c in served_computations(records)]
+    return "; ".join(hows + ([t(PATH_HOW["served"])] if served_imported(records) or not hows else []))
+
+
 def path_label(path: str, t: Any, records: Iterable[dict[str, Any]] = ()) -> str:
-    """A path's label; a deployed one says how ``records`` (those it labels) were computed."""
+    """A path's label; a deployed or served one says how ``records`` (those it labels) were computed."""
+    records = list(records)
+    if path == "served":
+        labels = [t(SERVED_LABEL).format(device=device_word(c["device"], t), steps=steps_text(list(c["steps"]), t))
+                  for c in served_computations(records)]
+        return " / ".join(labels + ([t(PATH_LABELS[path])] if served_imported(records) or not labels else []))
     hows = computations(records) if path == "deployed" else []
     if not hows:
         return str(t(PATH_LABELS[path]))

@@ -24,6 +24,9 @@ from release.publish.card.labels import (
     PER_CHANNEL,
     SPLIT_LABELS,
     scheme_of,
+    served_computations,
+    served_how,
+    served_imported,
     verdict_label,
     where_label,
 )
@@ -100,9 +103,11 @@ def paths_rows(records: list[dict[str, Any]], t: Any) -> list[dict[str, str]]:
         n = len({r["build"] for r in measured if r["path"] == path})
         if n:
             count = t(_("all {n}")).format(n=n) if n == total else t(_("{n} of {total}")).format(n=n, total=total)
-            how = deployed_how(measured, t) if path == "deployed" else t(PATH_HOW[path])
-            rows.append({"path": t(PATH_LABELS[path]), "how": how, "reference": t(PATH_REFERENCE[path]),
-                         "builds": count})
+            how = deployed_how(measured, t) if path == "deployed" else served_how(measured, t) \
+                if path == "served" else t(PATH_HOW[path])
+            computed = path == "served" and not served_imported(measured)  # the same pipeline as the deployed path
+            rows.append({"path": t(PATH_LABELS[path]), "how": how,
+                         "reference": t(PATH_REFERENCE["deployed" if computed else path]), "builds": count})
     return rows
 
 
@@ -185,14 +190,17 @@ def reproduction(records: list[dict[str, Any]], release: ReleaseConfig, build: B
     lines = [f"release build --all {data}" if release.sweep and set(names) >= set(release.sweep)
              else f"release build {' '.join(names)} {data}"]
     yardstick_splits = {r["split"] for r in records if r["path"] == "yardstick"}
-    for path, split in groups_of(records, ("fakequant", "deployed")):
-        group = _sweep_order(release, {r["build"] for r in in_group(records, path, split)})
+    for path, split in groups_of(records, ("fakequant", "deployed", "served")):
+        group = _sweep_order(release, {r["build"] for r in in_group(records, path, split)
+                                       if path != "served" or served_computations([r])})
+        if not group:  # served results that were imported, not computed: their import lines follow
+            continue
         extra = " --yardsticks" if split in yardstick_splits else ""
         yardstick_splits.discard(split)
         which = "--all" if release.sweep and group == list(release.sweep) else " ".join(group)
         lines.append(f"release eval {which} --path {path} --split {split} {data}{extra}")
     lines += [f"release import-served {b} {b}-served.npz" for b in
-              _sweep_order(release, {r["build"] for r in measured if r["path"] == "served"})]
+              _sweep_order(release, {r["build"] for r in measured if served_imported([r])})]
     lines += ["release tables", *(["release select"] if selection else []), f"release card --lang {','.join(langs)}"]
     return lines
 

@@ -1,0 +1,148 @@
+"""``release eval --path served``: the build as NVIDIA's policy server runs it (TorchAO's static FP8 tensor) under
+the release's step policy, on the CPU (torch's FP8 ``_scaled_mm`` has a CPU kernel), and the card's served rows."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from release.core.builds import load_build, load_release
+from release.core.config import StepPolicy
+from release.core.errors import ReleaseError
+from release.inputs.observations import load_observations
+from release.inputs.policy import load_pipeline, rollout
+from release.quantize.served import ServedLinear, served_transformer, torchao_version
+from tests.conftest import invoke
+
+pytest.importorskip("torchao", reason="the served path needs the 'served' extra (TorchAO)")
+
+
+def test_the_step_policy_names_each_step() -> None:
+    assert [StepPolicy().mode(i, 4) for i in range(4)] == ["W8A8"] * 4  # the seed's server
+    both = StepPolicy(w8a16_first_steps=1, w8a16_last_steps=1)
+    assert [both.mode(i, 4) for i in range(4)] == ["W8A16", "W8A8", "W8A8", "W8A16"]
+    default = StepPolicy(w8a16_first_steps=3, w8a16_last_steps=3)  # the server's default: every one of 4 steps
+    assert [default.mode(i, 4) for i in range(4)] == ["W8A16"] * 4
+
+
+def test_served_linears_run_the_step_policy(rtn_build: Path, tiny: Path) -> None:
+    """Hooks on one served Linear see, call by call, the arithmetic its step asks for: on W8A16 steps the BF16
+    matmul of the dequantized weight, on W8A8 steps TorchAO's FP8 GEMM (which differs from it); two transformer
+    calls a step (guidance)."""
+    release = load_release()
+    policy = StepPolicy(w8a16_first_steps=1, w8a16_last_steps=1)
+    model = served_transformer(rtn_build, policy, release.policy.steps)
+    pipe = load_pipeline(tiny / "source", release.policy, transformer=model)
+    name, linear = next((n, m) for n, m in model.named_modules() if isinstance(m, ServedLinear))
+    weight: Any = linear.weight
+    assert type(weight).__name__ == "PrototypeFloat8Tensor" and weight.qdata.dtype == torch.float8_e4m3fn
+    seen: list[tuple[str, bool]] = []
+
+    def hook(module: ServedLinear, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+        x = args[0]
+        dense = F.linear(x, weight.qdata.to(torch.bfloat16) * weight.scale.to(torch.bfloat16), module.bias)
+        fp8 = F.linear(x.reshape(-1, x.shape[-1]), weight, module.bias).reshape(output.shape)
+        expected = dense if module.w8a16 else fp8
+        assert torch.equal(output, expected), name
+        seen.append(("W8A16" if module.w8a16 else "W8A8", torch.equal(dense, fp8)))
+
+    linear.register_forward_hook(hook)
+    observation = next(o for o in load_observations(tiny / "observations") if o.lab in release.heldout_labs)
+    schedule = model.step_schedule
+    actions = rollout(pipe, observation, release.policy, mixed_precision_format="none", **schedule.pipe_kwargs())
+    assert np.isfinite(actions).all()
+    assert schedule.ran == ["W8A16", "W8A8", "W8A8", "W8A16"]
+    assert [mode for mode, _ in seen] == ["W8A16"] * 2 + ["W8A8"] * 4 + ["W8A16"] * 2
+    assert not any(same for mode, same in seen if mode == "W8A8")  # the FP8 GEMM is not the BF16 matmul
+
+
+def _one_heldout_lab(builds: Path) -> None:
+    """The validation split narrowed to one lab (4 observations): the CPU's FP8 GEMM is slow."""
+    path = builds / "release.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["heldout_labs"] = ["RPL"]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def test_eval_served_records_its_kernel_and_steps_and_the_card_says_so(rtn_build: Path, tiny: Path, builds: Path,
+                                                                        tmp_path: Path) -> None:
+    from release.publish.card.i18n import translations
+    from release.publish.card.labels import where_label
+    from release.publish.card.sections import paths_rows, reproduction
+
+    _one_heldout_lab(builds)
+    dist = tmp_path / "dist"
+    shutil.copytree(rtn_build, dist / rtn_build.name)
+    common = ["--dist", dist, "--source", tiny / "source", "--observations", tiny / "observations"]
+    result = invoke("eval", "rtn", "--path", "served", "--split", "validation", "--w8a16-first", "3", *common)
+    assert result.exit_code == 0, result.output
+    out = dist / rtn_build.name / "results" / "served-validation.npz"
+    data = np.load(out)
+    computed = json.loads(str(data["computed"]))
+    assert computed["kernel"] == "torchao-float8-static" and computed["torchao"] == torchao_version()
+    assert computed["steps"] == ["W8A16", "W8A16", "W8A16", "W8A8"] and computed["device"] == "cpu"
+    assert len(data["obs_ids"]) == 4 and {str(x) for x in data["labs"]} == {"RPL"}
+    assert not np.array_equal(data["reference"], data["candidate"])
+    # the same build on the deployed path: ModelOpt's arithmetic emulated, a different computation on the same seeds
+    result = invoke("eval", "rtn", "--path", "deployed", "--split", "validation", *common)
+    assert result.exit_code == 0, result.output
+    deployed = np.load(dist / rtn_build.name / "results" / "deployed-validation.npz")
+    assert np.array_equal(deployed["reference"], data["reference"])
+    assert invoke("tables", "--dist", dist).exit_code == 0
+    records = json.loads((dist / "tables" / "tables.json").read_text())["records"]
+    served = [r for r in records if r["path"] == "served"]
+    assert served and served[0]["computed"]["steps"] == computed["steps"]
+    en = translations("en").gettext
+    assert where_label("served", "validation", en, served) == \
+        "served, the CPU, TorchAO static FP8, W8A16 on steps 1, 2, 3, W8A8 on steps 4, held-out labs"
+    how = next(r["how"] for r in paths_rows(records, en) if r["path"] == "policy server, FP8 GEMM")
+    assert f"TorchAO {torchao_version()}'s static FP8 tensor" in how and "W8A16 on steps 1, 2, 3" in how
+    ko = translations("ko").gettext
+    label = where_label("served", "validation", ko, served)
+    assert "TorchAO" in label and "served" not in label and "held-out" not in label  # translated around the names
+    assert any("--path served --split validation" in line
+               for line in reproduction(records, load_release(), load_build("rtn"), None, ["en"]))
+    # the server's own test of a checkpoint: a per-channel build (quant_algo) has no served path
+    config = dist / rtn_build.name / "hf_quant_config.json"
+    config.write_text(config.read_text().replace('"quant_algo": "FP8"', '"quant_algo": "FP8_PER_CHANNEL_PER_TOKEN"'))
+    result = invoke("eval", "rtn", "--path", "served", "--split", "validation", *common)
+    assert result.exit_code == 2 and "quant_algo 'FP8_PER_CHANNEL_PER_TOKEN'" in result.output
+    assert "--path deployed" in result.output and "Traceback" not in result.output
+
+
+def test_served_without_torchao_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchao", None)  # an import of it fails as when it is not installed
+    with pytest.raises(ReleaseError, match=r"pip install 'release\[served\]'"):
+        torchao_version()
+
+
+@pytest.mark.parametrize("case, message", [
+    ("bf16 weight", "tensor l.weight is BF16, not F8_E4M3"),
+    ("row scales", "tensor l.weight_scale has 4 values; the policy server takes one scale per tensor"),
+    ("no input scale", "tensor l.input_scale is missing"),
+])
+def test_stored_tensors_the_server_cannot_take_are_named(case: str, message: str, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from release.quantize.served import _stored_tensors
+
+    tensors = {"l.weight": torch.zeros(4, 8).to(torch.float8_e4m3fn), "l.weight_scale": torch.ones(()),
+               "l.input_scale": torch.ones(())}
+    if case == "bf16 weight":
+        tensors["l.weight"] = torch.zeros(4, 8, dtype=torch.bfloat16)
+    elif case == "row scales":
+        tensors["l.weight_scale"] = torch.ones(4)
+    else:
+        del tensors["l.input_scale"]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ReleaseError, match=message):
+        _stored_tensors(tmp_path, ["l"])
