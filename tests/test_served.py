@@ -147,3 +147,28 @@ def test_stored_tensors_the_server_cannot_take_are_named(case: str, message: str
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ReleaseError, match=message):
         _stored_tensors(tmp_path, ["l"])
+
+
+def test_the_card_says_what_vllm_omni_does_with_the_build(tmp_path: Path) -> None:
+    """The Use section's vLLM-Omni paragraph reads the build's own transformer/config.json: its quant_algo and the
+    step policy stored there (diffusers' first_last_n, 3 and 3), and gives the option that makes vLLM-Omni run the
+    release's served_steps instead, or none where the two agree."""
+    from release.publish.card.serving import vllm_omni
+
+    exported = Path(__file__).parent / "data" / "cards" / "Cosmos3-Nano-Policy-DROID-FP8" / "transformer"
+    config = json.loads((exported / "config.json").read_text())
+    (tmp_path / "transformer").mkdir()
+    (tmp_path / "transformer" / "config.json").write_text(json.dumps(config))
+    release = load_release()
+    text = vllm_omni(tmp_path, release, lambda s: s)
+    assert "`quant_algo` FP8 " in text and "on the first 3 and the last 3 steps: 4 of this policy's 4 steps." in text
+    assert text.endswith("""pass `--additional-config '{"cosmos3_mixed_precision": {"enabled": false}}'`.""")
+    one = release.model_copy(update={"served_steps": StepPolicy(w8a16_first_steps=1, w8a16_last_steps=1)})
+    assert vllm_omni(tmp_path, one, lambda s: s).endswith(
+        """'{"cosmos3_mixed_precision": {"first_steps": 1, "last_steps": 1}}'`.""")
+    same = release.model_copy(update={"served_steps": StepPolicy(w8a16_first_steps=2, w8a16_last_steps=2)})
+    assert vllm_omni(tmp_path, same, lambda s: s).endswith("4 of this policy's 4 steps.")  # all 4 W8A16 either way
+    del config["quantization_config"]["runtime"]
+    (tmp_path / "transformer" / "config.json").write_text(json.dumps(config))
+    assert vllm_omni(tmp_path, release, lambda s: s).endswith("no step policy, so every step runs W8A8 there.")
+    assert vllm_omni(tmp_path / "not-exported", release, lambda s: s) == ""

@@ -81,10 +81,7 @@ def _operation(folder: Path, f: FilePlan, hashed: dict[str, Any]) -> Any:
 
 def _mismatches(remote: HubRemote, plan: RepoPlan, local: dict[str, dict[str, Any]], commit: str) -> str | None:
     """The first file whose remote hash differs from the hash the plan approved, compared the way the remote stores
-    each, and why; then the LFS files this commit uploaded are downloaded back at the commit and hashed: a listing
-    gives only the object id the client declared, not the bytes stored under it."""
-    from huggingface_hub.errors import HfHubHTTPError
-
+    each, and why; then the LFS files this commit uploaded are read back (``_read_back``)."""
     after = remote.state(plan.repo_id, plan.revision).files
     for f in plan.files:
         if f.action == "delete":
@@ -92,19 +89,29 @@ def _mismatches(remote: HubRemote, plan: RepoPlan, local: dict[str, dict[str, An
         entry, mine = after.get(f.path), local[f.path]
         if entry is None or entry[1] != (mine["sha256"] if entry[2] else mine["sha1"]):
             return f"the remote {f.path} does not match the hashed local file"
-    uploaded = [f for f in plan.changes if f.action in ("add", "modify") and after[f.path][2]]
+    uploaded = [f.path for f in plan.changes if f.action in ("add", "modify") and after[f.path][2]]
+    return _read_back(remote, plan, uploaded, local, commit)
+
+
+def _read_back(remote: HubRemote, plan: RepoPlan, paths: list[str], local: dict[str, dict[str, Any]],
+               commit: str) -> str | None:
+    """Each of ``paths`` downloaded back at ``commit`` and hashed, one at a time into a temporary folder: a listing
+    gives only the object id the client declared, not the bytes stored under it. The first that differs, or could
+    not be downloaded, and why; else None."""
+    from huggingface_hub.errors import HfHubHTTPError
+
     failures: tuple[type[Exception], ...] = (HfHubHTTPError, OSError, *_transport_errors())
     with tempfile.TemporaryDirectory(prefix="release-readback-") as tmp:
-        for f in uploaded:
+        for name in paths:
             try:
-                path = Path(remote.api.hf_hub_download(plan.repo_id, f.path, revision=commit, local_dir=tmp))
+                path = Path(remote.api.hf_hub_download(plan.repo_id, name, revision=commit, local_dir=tmp))
                 got = sha256_file(path)
                 path.unlink()
             except failures as exc:
-                return f"{f.path} could not be downloaded back to check its bytes ({type(exc).__name__})"
-            if got != local[f.path]["sha256"]:
-                return (f"the bytes the Hub stores for {f.path}, downloaded back, are not the hashed local file "
-                        f"(sha256 {got}, approved {local[f.path]['sha256']})")
+                return f"{name} could not be downloaded back to check its bytes ({type(exc).__name__})"
+            if got != local[name]["sha256"]:
+                return (f"the bytes the Hub stores for {name}, downloaded back, are not the hashed local file "
+                        f"(sha256 {got}, approved {local[name]['sha256']})")
     return None
 
 
@@ -176,8 +183,16 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
     created = f"created branch {plan.revision}, " if not plan.branch_exists else ""
     empty = "the repo was created and is empty; " if not plan.exists else ""
     if not plan.changes:
-        tagged = f"; {_tag(remote, plan, plan.head)}" if plan.head and plan.tag_action != "none" else ""
-        return Pushed(f"{created}no changes, nothing uploaded{tagged}")
+        if not plan.head or plan.tag_action == "none":
+            return Pushed(f"{created}no changes, nothing uploaded")
+        if plan.tag_action != "unchanged":
+            # a commit this push did not make (an earlier push's, whose read-back failed or was cut off): its LFS
+            # files are read back before the tag vouches for it
+            wrong = _read_back(remote, plan, [f.path for f in plan.files if f.storage == "lfs"], local, plan.head)
+            if wrong:
+                raise ReleaseError(f"{plan.repo_id}: no changes to commit, but on {plan.head[:12]} {wrong}; not "
+                                   "tagged")
+        return Pushed(f"{created}no changes, nothing uploaded; {_tag(remote, plan, plan.head)}")
     try:
         with _upload_bars():
             done = api.create_commit(plan.repo_id, operations=ops, commit_message=plan.commit_message,

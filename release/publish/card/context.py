@@ -59,6 +59,7 @@ from release.publish.card.sections import (
     scheme_rows,
     setup_rows,
 )
+from release.publish.card.serving import vllm_omni
 from release.publish.evaluated import not_evaluated
 
 
@@ -180,6 +181,7 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
         "delivered": build.name in have.builds,
         "deliverable": build.deliverable, "build_name": build.name,
         "per_channel": build.scheme == PER_CHANNEL, "use": use_requirements(prov, mine, f, t),
+        "vllm_omni": vllm_omni(folder, release, t) if build.deliverable else "",
         "license_copied": bool(source.get("license")),
         "independent": independent, "recipe_text": recipe_text(build, t, independent),
         "scheme": scheme_rows(build, prov, t, independent), "source_note": source_note,
