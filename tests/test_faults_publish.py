@@ -641,8 +641,6 @@ def test_json_nested_too_deeply_is_refused_where_the_tool_reads_it(dist: Path, t
 
 
 def _resign(sidecar: dict[str, Any]) -> None:
-    import hashlib
-
     sidecar["sha256"] = hashlib.sha256("\n".join(sidecar["lines"]).encode()).hexdigest()
 
 
@@ -685,6 +683,13 @@ def _retype_other_provenance(lock: dict[str, Any]) -> None:
     lock["sidecars"][f"{RTN}-RTN-MovingAvgObserver/provenance.json"] = sidecar
 
 
+def _edit_config_sidecar(lock: dict[str, Any]) -> None:
+    """The transformer config the card's vLLM-Omni paragraph reads, edited in the manifest."""
+    sidecar = lock["sidecars"][f"{RTN}/transformer/config.json"]
+    sidecar["lines"].insert(1, '  "edited": true,')
+    _resign(sidecar)
+
+
 def _rename_sidecar(lock: dict[str, Any], new: str) -> None:
     lock["sidecars"][new] = lock["sidecars"].pop(f"{RTN}/provenance.json")
 
@@ -694,8 +699,10 @@ def _rename_sidecar(lock: dict[str, Any], new: str) -> None:
     (lambda lock: _shard_entry(lock).update(sha256="0" * 64), 1,
      [f"release.lock.json: siblings[0] ({RTN}) file 'transformer/", "differs from the bytes 'release verify' hashed",
       "run 'release verify rtn' and 'release manifest' again"]),
-    (lambda lock: lock["siblings"][0]["files"].pop("transformer/config.json"), 1,
-     ["file 'transformer/config.json': verified, but no longer in the build folder"]),
+    (lambda lock: lock["siblings"][0]["files"].pop("model_index.json"), 1,
+     ["file 'model_index.json': verified, but no longer in the build folder"]),
+    (lambda lock: lock["siblings"][0]["files"].pop("transformer/config.json"), 2,
+     [f"siblings[0] ({RTN}) needs the sidecar and the file transformer/config.json"]),
     (lambda lock: lock["sidecars"]["tables/tables.json"]["lines"].append("x"), 2,
      ["field 'sidecars['tables/tables.json']': its lines do not hash to its sha256 (edited by hand?)"]),
     (_edit_provenance, 2, [f"the sidecar {RTN}/provenance.json is not the file of siblings[0]"]),
@@ -709,7 +716,8 @@ def _rename_sidecar(lock: dict[str, Any], new: str) -> None:
     (lambda lock: _rename_file(lock, ".env"), 2, ["'.env' looks like a secret (by its name)"]),
     (lambda lock: _rename_sidecar(lock, "../victim/provenance.json"), 2,
      ["field 'sidecars': '../victim/provenance.json' is not a sidecar"]),
-    (lambda lock: _rename_sidecar(lock, f"{RTN}/transformer/config.json"), 2, ["is not a sidecar"]),
+    (lambda lock: _rename_sidecar(lock, f"{RTN}/transformer/modelopt_state.pth"), 2, ["is not a sidecar"]),
+    (_edit_config_sidecar, 2, [f"the sidecar {RTN}/transformer/config.json is not the file of siblings[0]"]),
     (lambda lock: lock["siblings"][0].update(repo="../victim"), 2,
      ["field 'siblings[0].repo': '../victim' is not a valid Hub repo name"]),
     (lambda lock: lock["siblings"][0].update(build="../rtn"), 2,

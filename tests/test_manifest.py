@@ -42,8 +42,8 @@ def test_the_manifest_records_every_file_and_is_deterministic(carded: Path, rele
         assert entry["sha1"] == hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
     report = json.loads((folder / "verification" / "report.json").read_text())
     assert all(sibling["files"][rel]["sha256"] == e["sha256"] for rel, e in report["manifest"].items())
-    assert sorted(lock["sidecars"]) == [f"{RTN}/provenance.json", f"{RTN}/verification/report.json",
-                                        "selection.json", "tables/tables.json"]
+    assert sorted(lock["sidecars"]) == [f"{RTN}/provenance.json", f"{RTN}/transformer/config.json",
+                                        f"{RTN}/verification/report.json", "selection.json", "tables/tables.json"]
     tables = lock["sidecars"]["tables/tables.json"]
     assert "\n".join(tables["lines"]).encode() == (carded / "tables" / "tables.json").read_bytes()
     again = invoke("manifest", "--dist", carded, "--out", tmp_path / "again.json")

@@ -50,6 +50,8 @@ from release.publish.scan import secret_name, text_secret
 
 LOCK_FORMAT = "release-manifest/1"
 SIBLING_SIDECARS = ("provenance.json", REPORT_JSON)  # per sibling; besides: TABLES, SELECTION, other provenances
+# per sibling where its folder has it: the card's vLLM-Omni paragraph reads the exported transformer config
+CARD_SIDECARS = ("transformer/config.json",)
 SHA256 = r"^[0-9a-f]{64}$"
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -120,10 +122,10 @@ class Sidecar(_Strict):
 
 def _sidecar_path(rel: str) -> str:
     head, _, tail = rel.partition("/")
-    if rel in (TABLES.as_posix(), SELECTION) or (tail in SIBLING_SIDECARS and _is_repo(head)):
+    if rel in (TABLES.as_posix(), SELECTION) or (tail in SIBLING_SIDECARS + CARD_SIDECARS and _is_repo(head)):
         return rel
     raise ValueError(f"{rel!r} is not a sidecar: {TABLES.as_posix()}, {SELECTION}, or REPO/"
-                     f"{' or REPO/'.join(SIBLING_SIDECARS)} with a valid repo name")
+                     f"{' or REPO/'.join(SIBLING_SIDECARS + CARD_SIDECARS)} with a valid repo name")
 
 
 def _is_repo(name: str) -> bool:
@@ -160,8 +162,10 @@ class Lock(_Strict):
             if twice is not None:
                 raise ValueError(f"{field} {twice!r} is listed as two siblings")
         for i, s in enumerate(self.siblings):
-            for rel in SIBLING_SIDECARS:
+            for rel in SIBLING_SIDECARS + CARD_SIDECARS:
                 sidecar, entry = self.sidecars.get(f"{s.repo}/{rel}"), s.files.get(rel)
+                if rel in CARD_SIDECARS and sidecar is None:
+                    continue
                 if sidecar is None or entry is None:
                     raise ValueError(f"siblings[{i}] ({s.repo}) needs the sidecar and the file {rel}")
                 if (sidecar.sha256, len(sidecar.data)) != (entry.sha256, entry.size):
@@ -299,7 +303,8 @@ class ManifestRequest:
 def _sidecar_paths(request: ManifestRequest) -> list[str]:
     """The siblings' sidecars, the tables, the selection when there is one, and every other built provenance."""
     paths = {f"{b.repo}/{rel}" for b in request.builds for rel in SIBLING_SIDECARS} | {TABLES.as_posix()}
-    paths |= {rel for rel in [SELECTION, *(f"{load_build(n).repo}/provenance.json" for n in available_builds())]
+    paths |= {rel for rel in [SELECTION, *(f"{load_build(n).repo}/provenance.json" for n in available_builds()),
+                              *(f"{b.repo}/{rel}" for b in request.builds for rel in CARD_SIDECARS)]
               if (request.dist / rel).is_file()}
     return sorted(paths)
 
