@@ -168,7 +168,18 @@ def test_the_card_says_what_vllm_omni_does_with_the_build(tmp_path: Path) -> Non
         """'{"cosmos3_mixed_precision": {"first_steps": 1, "last_steps": 1}}'`.""")
     same = release.model_copy(update={"served_steps": StepPolicy(w8a16_first_steps=2, w8a16_last_steps=2)})
     assert vllm_omni(tmp_path, same, lambda s: s).endswith("4 of this policy's 4 steps.")  # all 4 W8A16 either way
+    for bad in ({"type": "per_layer"}, {"type": "first_last_n", "first_steps": 3}, "3/3"):
+        broken = json.loads(json.dumps(config))
+        broken["quantization_config"]["runtime"]["diffusion_step_policy"] = bad
+        (tmp_path / "transformer" / "config.json").write_text(json.dumps(broken))
+        with pytest.raises(ReleaseError) as refused:
+            vllm_omni(tmp_path, release, lambda s: s)
+        assert "config.json: field 'quantization_config.runtime.diffusion_step_policy' is not a first_last_n" in \
+            str(refused.value)
     del config["quantization_config"]["runtime"]
     (tmp_path / "transformer" / "config.json").write_text(json.dumps(config))
     assert vllm_omni(tmp_path, release, lambda s: s).endswith("no step policy, so every step runs W8A8 there.")
     assert vllm_omni(tmp_path / "not-exported", release, lambda s: s) == ""
+    (tmp_path / "transformer" / "config.json").write_text("{}")  # a BF16 transformer's config
+    with pytest.raises(ReleaseError, match="no field 'quantization_config'"):
+        vllm_omni(tmp_path, release, lambda s: s)

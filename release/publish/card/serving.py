@@ -12,20 +12,32 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from release.core.config import ReleaseConfig, StepPolicy
+from release.core.errors import ReleaseError
 from release.core.io import read_json
 from release.publish.card.i18n import _
 
 VLLM_OMNI_COMMIT = "7a53128c"
 
 
-def _stored_policy(config: dict[str, Any]) -> StepPolicy | None:
-    """The first/last W8A16 counts of a ``first_last_n`` policy in a ``quantization_config``, else None."""
-    policy = ((config.get("quantization_config") or {}).get("runtime") or {}).get("diffusion_step_policy")
-    if not isinstance(policy, dict) or policy.get("type") != "first_last_n":
+def _stored_policy(path: Path, quantization: dict[str, Any]) -> StepPolicy | None:
+    """The first/last W8A16 counts of the ``first_last_n`` policy stored in a ``quantization_config``, None where it
+    stores none; any other policy is a one-line error naming the file (vLLM-Omni refuses it too)."""
+    runtime = quantization.get("runtime")
+    policy = runtime.get("diffusion_step_policy") if isinstance(runtime, dict) else None
+    if policy is None:
         return None
-    return StepPolicy(w8a16_first_steps=policy["first_steps"]["count"],
-                      w8a16_last_steps=policy["last_steps"]["count"])
+    try:
+        if policy["type"] != "first_last_n":
+            raise TypeError
+        return StepPolicy(w8a16_first_steps=policy["first_steps"]["count"],
+                          w8a16_last_steps=policy["last_steps"]["count"])
+    except (KeyError, TypeError, ValidationError) as exc:
+        raise ReleaseError(f"{path}: field 'quantization_config.runtime.diffusion_step_policy' is not a first_last_n "
+                           "policy with first_steps.count and last_steps.count; run 'release build NAME' to rewrite "
+                           "the build") from exc
 
 
 def vllm_omni(folder: Path, release: ReleaseConfig, t: Any) -> str:
@@ -34,9 +46,13 @@ def vllm_omni(folder: Path, release: ReleaseConfig, t: Any) -> str:
     if not path.is_file():
         return ""
     config = read_json(path, "transformer config", "release build")
-    algo = (config.get("quantization_config") or {}).get("quant_algo", "?")
+    quantization = config.get("quantization_config")
+    if not isinstance(quantization, dict):
+        raise ReleaseError(f"{path}: no field 'quantization_config' (an FP8 build's); run 'release build NAME' to "
+                           "rewrite the build")
+    algo = quantization.get("quant_algo", "?")
     steps, served = release.policy.steps, release.served_steps
-    stored = _stored_policy(config)
+    stored = _stored_policy(path, quantization)
     text = t(_("vLLM-Omni was not run with this build. By its source (vllm-project/vllm-omni at commit {commit}), it "
                "serves this policy over its OpenPI endpoint `/v1/realtime/robot/openpi`, reads this checkpoint's "
                "`quant_algo` {algo} with each Linear's `weight_scale` and `input_scale` as static per-tensor FP8, "
