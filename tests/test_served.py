@@ -180,6 +180,7 @@ def test_the_card_says_what_vllm_omni_does_with_the_build(tmp_path: Path) -> Non
     (tmp_path / "transformer" / "config.json").write_text(json.dumps(config))
     assert vllm_omni(tmp_path, release, lambda s: s).endswith("no step policy, so every step runs W8A8 there.")
     assert vllm_omni(tmp_path / "not-exported", release, lambda s: s) == ""
-    (tmp_path / "transformer" / "config.json").write_text("{}")  # a BF16 transformer's config
-    with pytest.raises(ReleaseError, match="no field 'quantization_config'"):
-        vllm_omni(tmp_path, release, lambda s: s)
+    for bare in ({}, {"quantization_config": {"quant_method": "modelopt"}}):  # a BF16 config; no quant_algo
+        (tmp_path / "transformer" / "config.json").write_text(json.dumps(bare))
+        with pytest.raises(ReleaseError, match="no field 'quantization_config' with a 'quant_algo'"):
+            vllm_omni(tmp_path, release, lambda s: s)

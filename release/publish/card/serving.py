@@ -47,10 +47,10 @@ def vllm_omni(folder: Path, release: ReleaseConfig, t: Any) -> str:
         return ""
     config = read_json(path, "transformer config", "release build")
     quantization = config.get("quantization_config")
-    if not isinstance(quantization, dict):
-        raise ReleaseError(f"{path}: no field 'quantization_config' (an FP8 build's); run 'release build NAME' to "
-                           "rewrite the build")
-    algo = quantization.get("quant_algo", "?")
+    algo = quantization.get("quant_algo") if isinstance(quantization, dict) else None
+    if not isinstance(quantization, dict) or not isinstance(algo, str):
+        raise ReleaseError(f"{path}: no field 'quantization_config' with a 'quant_algo' (an FP8 build's, which "
+                           "vLLM-Omni requires); run 'release build NAME' to rewrite the build")
     steps, served = release.policy.steps, release.served_steps
     stored = _stored_policy(path, quantization)
     text = t(_("vLLM-Omni was not run with this build. By its source (vllm-project/vllm-omni at commit {commit}), it "
