@@ -25,6 +25,8 @@
 #   9b. served-gemm: TorchAO's static FP8 GEMM (the policy server's) against ModelOpt's at the Nano's Linear shapes
 #      (bench/gpu_served_gemm.py); served-start, served-wait: the five served builds built, then evaluated on the
 #      deployed and the served paths (bench/gpu_served.sh), followed across commands as the sweep is;
+#   9c. batched: the packed-vs-lone transformer calls of $BATCH observations (default 4) on the served helper's RTN build
+#      (bench/batched_calls.py: bits and time per model), the helper stopped first if it still runs;
 #   10. sweep-start, sweep-wait: `release build --all` (bench/gpu_sweep.sh), started in the background and waited for
 #      up to $WAIT seconds (default 540) per command, then stopped with SIGTERM if $STOP is set; its reports, log and
 #      profile into OUT once it is done.
@@ -32,7 +34,7 @@
 #   WORK outside the checkout (e.g. /root/w) or ignored by git: the device tool replaces a checkout's untracked files
 #   at each call, and a sweep that spans calls loses its source and builds with them
 #   steps: setup floor build eval profile graphs fold capped-build capped-eval gptq probe extensions init sweep-start
-#   sweep-wait served-gemm served-start served-wait
+#   sweep-wait served-gemm served-start served-wait batched
 #   (default: the first five)
 #   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from init), FIXTURE_ARGS, CAP, GPU_GIB, WAIT, STOP,
 #   CALLS, ALGO_CALLS, SWEEP, GRAPH_ROLLOUTS (default 16)
@@ -186,6 +188,14 @@ PY
       fi
       grep -h "^sweep\|^calibration_calls\|^algorithm_calls" proj/builds/release.yaml proj/builds/rtn.yaml \
         | tee -a "$out/times.md" ;;
+    batched)
+      # after served-wait: the served helper stopped if it still runs (it would share the GPU), its RTN build kept
+      pkill -f "$work/gpu_served.sh" || true
+      pkill -f "$work/venv/bin/release" || true
+      sleep 2
+      timed "packed vs lone transformer calls (bench/batched_calls.py, -n ${BATCH:-4})" bash -c \
+        "venv/bin/python '$here/batched_calls.py' --fixture fx --build dist/Cosmos3-Nano-Policy-DROID-FP8 \
+         -n ${BATCH:-4} --json '$out/batched.json' >'$out/batched.txt' 2>&1" ;;
     gptq)
       timed "GPTQ column loop, ModelOpt's vs column-wise" bash -c \
         "venv/bin/python '$here/gptq_columns.py' 1 cuda >'$out/gptq_columns.txt'" ;;
