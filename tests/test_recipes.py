@@ -120,6 +120,20 @@ def test_cpu_build_with_cuda_arithmetic_matches_gpu_export(rtn_build: Path, tiny
             assert built[f"{name}.{suffix}"].dtype == gpu[f"{name}.{suffix}"].dtype
             mine, theirs = built[f"{name}.{suffix}"].reshape(-1), gpu[f"{name}.{suffix}"].reshape(-1)
             assert torch.equal(mine.view(torch.uint8), theirs.view(torch.uint8)), f"{name}.{suffix}"
+    # the serving scales as ModelOpt's export makes them on CUDA (amax x fp32(1/448)), which its FP8 GEMM uses at run
+    # time; the CPU build's are the CPU's quotient amax / 448, and some of the two differ
+    on_cpu = _tensors(rtn_build / "transformer")
+    reciprocal = torch.tensor(1 / 448, dtype=torch.float32)
+    quotients_differ = 0
+    for name in linears:
+        for part in ("weight", "input"):
+            amax, scale = built[f"{name}.{part}_quantizer._amax"].float(), built[f"{name}.{part}_scale"]
+            assert scale.dtype == torch.float32 and scale.shape == ()
+            assert torch.equal(scale, (amax * reciprocal).reshape(())), f"{name}.{part}_scale"
+            cpu_amax = on_cpu[f"{name}.{part}_quantizer._amax"].float()
+            assert torch.equal(on_cpu[f"{name}.{part}_scale"], (cpu_amax / 448).reshape(())), f"{name}.{part}_scale"
+            quotients_differ += int(not torch.equal(amax / 448, amax * reciprocal))
+    assert quotients_differ > 0
 
 
 def test_cuda_emulation_where_cpu_and_cuda_differ(tiny: Path) -> None:

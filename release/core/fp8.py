@@ -44,6 +44,18 @@ def weight_codes(weight: torch.Tensor, amax: torch.Tensor, arithmetic: str,
     return codes, scale
 
 
+def serving_scale(amax: torch.Tensor, arithmetic: str) -> torch.Tensor:
+    """``weight_scale`` / ``input_scale`` (amax / 448 in fp32, on the CPU) as ModelOpt's export computes them where
+    the build ran (``export.quant_utils.get_scaling_factor``: ``amax.float() / maxbound`` on the amax's device). CUDA
+    divides by a Python scalar as a multiplication by fp32(1/448) (``weight_codes``), which is also how ModelOpt's FP8
+    GEMM forms its scales at run time, so a GPU build's stored scales are the ones its deployed path uses, and a
+    server reading them (the policy server, vLLM) quantizes with the same scales."""
+    amax = amax.float().cpu()
+    if arithmetic == "cuda":
+        return amax * torch.tensor(1.0 / FP8_MAX, dtype=torch.float32)
+    return amax / FP8_MAX
+
+
 def dequantize(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``codes * scale`` in fp32 (exact: 4 significant bits times a bf16 or fp32 scale)."""
     return codes.float() * scale.float()

@@ -27,7 +27,7 @@ import torch
 import release.inputs.policy  # noqa: F401  (sets diffusers up without progress bars)
 from release.core.config import BuildConfig
 from release.core.errors import ReleaseError
-from release.core.fp8 import FP8_MAX, weight_codes
+from release.core.fp8 import serving_scale, weight_codes
 from release.core.io import canonical_modelopt_state, read_json, write_json
 from release.core.memory import execution_device, is_placed, placed, unplace
 from release.core.profile import stage
@@ -150,11 +150,11 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
             raise ReleaseError(f"tensor {name}.weight was not compressed to FP8 by ModelOpt")
         if emulate:
             state[f"{name}.weight"], state[f"{name}.weight_quantizer._scale"] = emulated.pop(name)
-        weight_amax = module.weight_quantizer._amax.float().cpu()
-        state[f"{name}.weight_scale"] = weight_amax / FP8_MAX if build.scheme == per_channel.SCHEME \
-            else (weight_amax / FP8_MAX).reshape(())
+        weight_scale = serving_scale(module.weight_quantizer._amax, arithmetic)
+        state[f"{name}.weight_scale"] = weight_scale if build.scheme == per_channel.SCHEME \
+            else weight_scale.reshape(())
         if build.scheme != per_channel.SCHEME:  # per token: the input scales are computed at run time
-            state[f"{name}.input_scale"] = (module.input_quantizer._amax.float().cpu() / FP8_MAX).reshape(())
+            state[f"{name}.input_scale"] = serving_scale(module.input_quantizer._amax, arithmetic).reshape(())
         for key in (f"{name}.weight_scale", f"{name}.input_scale"):
             bad = state[key][~(torch.isfinite(state[key]) & (state[key] > 0))] if key in state else None
             if bad is not None and bad.numel():
