@@ -3,6 +3,7 @@ one process byte for byte, under the same cache keys."""
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -74,3 +75,36 @@ def test_commands_that_do_not_split_refuse_torchrun(command: str, monkeypatch: p
     result = invoke(command, "rtn")
     assert result.exit_code == 2, result.output
     assert f"'release {command}' does not split across processes (WORLD_SIZE=2)" in result.output
+
+
+def test_a_rank_that_starts_late_gets_the_same_split() -> None:
+    """Rank 1 lists what is unfinished only after rank 0 could have finished its first item (as when a loaded
+    machine starts it seconds later): every item still goes to exactly one rank (the capture once left obs 1 to
+    nobody, and every rank then failed reading it)."""
+    import threading
+    import time
+
+    from torch.distributed import HashStore
+
+    from release.core.distributed import World
+
+    store, done, shares = HashStore(), set(), {}
+    store.set_timeout(dt.timedelta(seconds=30))
+
+    def rank(r: int) -> None:
+        if r == 1:
+            deadline = time.monotonic() + 1.0
+            while 0 not in done and time.monotonic() < deadline:
+                time.sleep(0.01)
+        _, mine = World(r, 2, store).unfinished(list(range(8)), lambda i: i in done)
+        for i in mine:
+            done.add(i)
+        shares[r] = mine
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(shares[0] + shares[1]) == list(range(8))
+    assert shares == {0: [0, 2, 4, 6], 1: [1, 3, 5, 7]}

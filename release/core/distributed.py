@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -47,6 +47,14 @@ class World:
     def share(self, items: Sequence[T]) -> list[T]:
         """This rank's items: every ``size``-th, from its rank on (the same split on every rank)."""
         return list(items[self.rank::self.size])
+
+    def unfinished(self, items: Sequence[T], done: Callable[[T], bool]) -> tuple[list[T], list[T]]:
+        """The items not done yet, and this rank's share of them, the same split on every rank: each rank lists
+        them, then waits until every rank has listed before any starts (a rank that started late would otherwise
+        list after another rank's first results, split a shorter list, and leave items to nobody)."""
+        missing = [item for item in items if not done(item)]
+        self.barrier()
+        return missing, self.share(missing)
 
     def barrier(self, failures: int = 0) -> int:
         """Wait until every rank got here; the sum of the ranks' ``failures``."""

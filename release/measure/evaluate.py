@@ -155,8 +155,8 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
     paths = _rollout_paths(request, label, observations, seeds)
     paths[0].parent.mkdir(parents=True, exist_ok=True)
     # a rollout cached without its record of how it ran (an older release eval) runs again
-    missing = [i for i, p in enumerate(paths) if not (p.is_file() and p.with_suffix(HOW).is_file())]
-    todo = world().share(missing)
+    missing, todo = world().unfinished(range(len(paths)),
+                                       lambda i: paths[i].is_file() and paths[i].with_suffix(HOW).is_file())
     if not missing and world().main:
         info(f"rollouts: {shown(label)}: {len(paths)} cached")
     if todo:

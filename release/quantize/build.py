@@ -108,7 +108,7 @@ def capture_calibration(request: BuildRequest, observations: list[Observation]) 
 
     folder = capture_folder(request.cache, request.source, request.observations, request.release.policy)
     folder.mkdir(parents=True, exist_ok=True)
-    todo = world().share([o for o in observations if not (folder / f"obs-{o.obs_id:05d}.pt").is_file()])
+    _, todo = world().unfinished(observations, lambda o: (folder / f"obs-{o.obs_id:05d}.pt").is_file())
     transformer = None
     if todo:
         from release.inputs.source import check_finite
