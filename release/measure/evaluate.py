@@ -43,6 +43,9 @@ Split = Literal["calibration", "validation", "all"]
 HOW = ".how.json"  # beside a cached rollout: the machine, versions, FP8 GEMM kernel, GEMM shapes, CUDA graphs or not
 SEEDS_YARDSTICK = (4, 4)  # observations x seeds
 EMULATION = "fp8-gemm-emulation/5"  # fp32 input quotient; Hopper's fast-accumulation arithmetic (zero codes); row-wise
+# The served path reads the stored weight_scale / input_scale, which a GPU build writes as amax x fp32(1/448) since
+# release.core.fp8.serving_scale (before: the CPU's quotient); its rollouts cached before that are not reused.
+STORED_SCALES = "stored-scales/2"
 
 
 @dataclass(frozen=True)
@@ -315,8 +318,9 @@ def _label(request: EvalRequest, subject: Subject) -> str:
     tool version and the emulation's arithmetic (a change of any re-runs the rollouts). An external checkpoint's
     key is its revision."""
     build = subject.build
+    steps = request.steps
     served = "" if request.path != "served" else \
-        f":{request.steps.w8a16_first_steps}-{request.steps.w8a16_last_steps}:torchao-{torchao_version()}"
+        f":{steps.w8a16_first_steps}-{steps.w8a16_last_steps}:torchao-{torchao_version()}:{STORED_SCALES}"
     if subject.revision is not None:
         return f"{request.path}:{EXTERNAL}:{build.name}:{subject.revision}:{__version__}:{EMULATION}{served}"
     path = request.dist / build.repo / "provenance.json"
