@@ -119,6 +119,21 @@ def rtn_build(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def cuda_rtn_build(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The RTN build of the tiny checkpoint in CUDA's arithmetic (``arithmetic: cuda``: what a GPU build stores), made
+    on the CPU through the CLI; with the builds folder that names it (its ``rtn.yaml`` edited)."""
+    root = tmp_path_factory.mktemp("cuda_rtn")
+    builds = root / "builds"
+    shutil.copytree(ROOT / "builds", builds)
+    text = (builds / "rtn.yaml").read_text()
+    (builds / "rtn.yaml").write_text(text.replace("recipe: rtn\n", "recipe: rtn\narithmetic: cuda\n"))
+    result = invoke("--builds", builds, "build", "rtn", "--source", tiny / "source", "--observations",
+                    tiny / "observations", "--out", root / "dist")
+    assert result.exit_code == 0, result.output
+    return root / "dist" / "Cosmos3-Nano-Policy-DROID-FP8", builds
+
+
+@pytest.fixture(scope="session")
 def recipe_builds(rtn_build: Path, tiny: Path) -> Path:
     """sq_auto and rtn_mavg, built beside the RTN build (same calibration capture)."""
     dist = rtn_build.parent

@@ -101,17 +101,8 @@ def test_sq_build_is_byte_identical_when_repeated(recipe_builds: Path, tiny: Pat
     assert compared >= 15
 
 
-def test_cpu_build_with_cuda_arithmetic_matches_gpu_export(rtn_build: Path, tiny: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    builds = tmp_path / "builds"
-    shutil.copytree(ROOT / "builds", builds)
-    text = (builds / "rtn.yaml").read_text()
-    (builds / "rtn.yaml").write_text(text.replace("recipe: rtn\n", "recipe: rtn\narithmetic: cuda\n"))
-    monkeypatch.setenv("RELEASE_BUILDS", str(builds))
-    result = invoke("build", "rtn", "--source", tiny / "source", "--observations", tiny / "observations",
-                    "--out", tmp_path / "dist")
-    assert result.exit_code == 0, result.output
-    built = _tensors(tmp_path / "dist" / rtn_build.name / "transformer")
+def test_cpu_build_with_cuda_arithmetic_matches_gpu_export(rtn_build: Path, cuda_rtn_build: tuple[Path, Path]) -> None:
+    built = _tensors(cuda_rtn_build[0] / "transformer")
     gpu = load_file(GPU_REFERENCE)
     linears = [k.removesuffix(".weight") for k in gpu if k.endswith(".weight") and not k.startswith("fp32amax.")]
     assert len(linears) == 28

@@ -1,10 +1,11 @@
 """``release eval --path served``: the build as NVIDIA's policy server runs it (TorchAO's static FP8 tensor) under
-the release's step policy, on the CPU (torch's FP8 ``_scaled_mm`` has a CPU kernel), and the card's served rows."""
+the release's step policy, on the CPU with TorchAO's Hopper GEMM emulated, and the card's served rows."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,13 +16,14 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from release.core import fp8
 from release.core.builds import load_build, load_release
 from release.core.config import StepPolicy
 from release.core.errors import ReleaseError
 from release.inputs.observations import load_observations
 from release.inputs.policy import load_pipeline, rollout
 from release.quantize.served import ServedLinear, served_transformer, torchao_version
-from tests.conftest import invoke
+from tests.conftest import ROOT, invoke
 
 pytest.importorskip("torchao", reason="the served path needs the 'served' extra (TorchAO)")
 
@@ -36,8 +38,13 @@ def test_the_step_policy_names_each_step() -> None:
 
 def test_served_linears_run_the_step_policy(rtn_build: Path, tiny: Path) -> None:
     """Hooks on one served Linear see, call by call, the arithmetic its step asks for: on W8A16 steps the BF16
-    matmul of the dequantized weight, on W8A8 steps TorchAO's FP8 GEMM (which differs from it); two transformer
-    calls a step (guidance)."""
+    matmul of the dequantized weight, on W8A8 steps TorchAO's FP8 GEMM as Hopper computes it, emulated on the CPU
+    (which differs from the BF16 matmul); two transformer calls a step (guidance). TorchAO's own quantization of
+    each W8A8 input gives the emulation's codes."""
+    from torchao.prototype.quantization.float8_static_quant.prototype_float8_tensor import (
+        _choose_quant_func_and_quantize_tensor,
+    )
+
     release = load_release()
     policy = StepPolicy(w8a16_first_steps=1, w8a16_last_steps=1)
     model = served_transformer(rtn_build, policy, release.policy.steps)
@@ -45,15 +52,20 @@ def test_served_linears_run_the_step_policy(rtn_build: Path, tiny: Path) -> None
     name, linear = next((n, m) for n, m in model.named_modules() if isinstance(m, ServedLinear))
     weight: Any = linear.weight
     assert type(weight).__name__ == "PrototypeFloat8Tensor" and weight.qdata.dtype == torch.float8_e4m3fn
+    assert linear.emulate and model.gemm_record.kernel == "torchao-float8-static-emulation"
+    scale_a, scale_b = weight.act_quant_scale.reshape(()), weight.scale.reshape(())
     seen: list[tuple[str, bool]] = []
 
     def hook(module: ServedLinear, args: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         x = args[0]
         dense = F.linear(x, weight.qdata.to(torch.bfloat16) * weight.scale.to(torch.bfloat16), module.bias)
-        fp8 = F.linear(x.reshape(-1, x.shape[-1]), weight, module.bias).reshape(output.shape)
-        expected = dense if module.w8a16 else fp8
-        assert torch.equal(output, expected), name
-        seen.append(("W8A16" if module.w8a16 else "W8A8", torch.equal(dense, fp8)))
+        w8a8 = fp8.static_forward(x, weight.qdata, scale_a, scale_b, module.bias)
+        assert torch.equal(output, dense if module.w8a16 else w8a8), name
+        torchao = _choose_quant_func_and_quantize_tensor(x, weight.act_quant_kwargs,
+                                                         act_quant_scale=weight.act_quant_scale)
+        codes = (x.float() / scale_a).clamp(-fp8.FP8_MAX, fp8.FP8_MAX).to(torch.float8_e4m3fn)
+        assert torch.equal(torchao.qdata.view(torch.uint8), codes.view(torch.uint8)), name
+        seen.append(("W8A16" if module.w8a16 else "W8A8", torch.equal(dense, w8a8)))
 
     linear.register_forward_hook(hook)
     observation = next(o for o in load_observations(tiny / "observations") if o.lab in release.heldout_labs)
@@ -66,7 +78,7 @@ def test_served_linears_run_the_step_policy(rtn_build: Path, tiny: Path) -> None
 
 
 def _one_heldout_lab(builds: Path) -> None:
-    """The validation split narrowed to one lab (4 observations): the CPU's FP8 GEMM is slow."""
+    """The validation split narrowed to one lab (4 observations), for speed."""
     path = builds / "release.yaml"
     doc = yaml.safe_load(path.read_text())
     doc["heldout_labs"] = ["RPL"]
@@ -89,7 +101,7 @@ def test_eval_served_records_its_kernel_and_steps_and_the_card_says_so(rtn_build
     out = dist / rtn_build.name / "results" / "served-validation.npz"
     data = np.load(out)
     computed = json.loads(str(data["computed"]))
-    assert computed["kernel"] == "torchao-float8-static" and computed["torchao"] == torchao_version()
+    assert computed["kernel"] == "torchao-float8-static-emulation" and computed["torchao"] == torchao_version()
     assert computed["steps"] == ["W8A16", "W8A16", "W8A16", "W8A8"] and computed["device"] == "cpu"
     assert len(data["obs_ids"]) == 4 and {str(x) for x in data["labs"]} == {"RPL"}
     assert not np.array_equal(data["reference"], data["candidate"])
@@ -104,9 +116,10 @@ def test_eval_served_records_its_kernel_and_steps_and_the_card_says_so(rtn_build
     assert served and served[0]["computed"]["steps"] == computed["steps"]
     en = translations("en").gettext
     assert where_label("served", "validation", en, served) == \
-        "served, the CPU, TorchAO static FP8, W8A16 on steps 1, 2, 3, W8A8 on steps 4, held-out labs"
+        "served, the CPU, TorchAO static FP8 emulated, W8A16 on steps 1, 2, 3, W8A8 on steps 4, held-out labs"
     how = next(r["how"] for r in paths_rows(records, en) if r["path"] == "policy server, FP8 GEMM")
     assert f"TorchAO {torchao_version()}'s static FP8 tensor" in how and "W8A16 on steps 1, 2, 3" in how
+    assert "emulated on the CPU" in how
     ko = translations("ko").gettext
     label = where_label("served", "validation", ko, served)
     assert "TorchAO" in label and "served" not in label and "held-out" not in label  # translated around the names
@@ -118,6 +131,40 @@ def test_eval_served_records_its_kernel_and_steps_and_the_card_says_so(rtn_build
     result = invoke("eval", "rtn", "--path", "served", "--split", "validation", *common)
     assert result.exit_code == 2 and "quant_algo 'FP8_PER_CHANNEL_PER_TOKEN'" in result.output
     assert "--path deployed" in result.output and "Traceback" not in result.output
+
+
+def test_served_and_deployed_are_the_same_bits_at_the_same_scales(rtn_build: Path, cuda_rtn_build: tuple[Path, Path],
+                                                                  tiny: Path, tmp_path: Path) -> None:
+    """W8A8 on every step (the release's served_steps), on the CPU: TorchAO's GEMM and ModelOpt's are one Hopper
+    arithmetic, emulated, so the served and deployed rollouts of a build whose stored scales are those ModelOpt's GEMM
+    forms from the amax (amax x fp32(1/448): a GPU build's) are the same bits. A CPU build stores the CPU's quotient
+    amax / 448, one ulp off on some Linears, and its two paths' rollouts differ."""
+    cuda_build, cuda_builds = cuda_rtn_build
+    common = ["--source", tiny / "source", "--observations", tiny / "observations"]
+    actions = {}
+    for tag, build, builds in (("cuda", cuda_build, cuda_builds), ("cpu", rtn_build, ROOT / "builds")):
+        folder = tmp_path / tag
+        shutil.copytree(builds, folder / "builds")
+        _one_heldout_lab(folder / "builds")
+        shutil.copytree(build, folder / "dist" / build.name, ignore=shutil.ignore_patterns("results"))
+        for path in ("served", "deployed"):
+            result = invoke("--builds", folder / "builds", "eval", "rtn", "--path", path, "--split", "validation",
+                            "--dist", folder / "dist", *common)
+            assert result.exit_code == 0, result.output
+            data = np.load(folder / "dist" / build.name / "results" / f"{path}-validation.npz")
+            assert len(data["obs_ids"]) == 4
+            actions[tag, path] = data["candidate"]
+    assert np.array_equal(actions["cuda", "served"], actions["cuda", "deployed"])
+    assert not np.array_equal(actions["cpu", "served"], actions["cpu", "deployed"])
+
+
+def test_diffusers_imports_torchao_without_a_word() -> None:
+    """diffusers imports TorchAO wherever it is installed, and TorchAO's import logs each CUDA kernel library it
+    cannot load and warns of its deprecations: none of it reaches a user's terminal (a fresh process)."""
+    done = subprocess.run([sys.executable, "-c", "import release.inputs.policy, sys; "
+                           "assert 'torchao' in sys.modules, 'diffusers no longer imports TorchAO'"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and done.stderr == "", done.stderr
 
 
 def test_served_without_torchao_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,6 +17,8 @@ TABLE = Path(__file__).with_name("fp8_conformance.json")
 # served path's (release.quantize.served): TorchAO's static FP8 tensor, as NVIDIA's policy server runs it.
 MODELOPT, SCALED_MM, EMULATION = "modelopt-fp8-gemm", "torch-scaled-mm", "emulation"
 TORCHAO = "torchao-float8-static"
+TORCHAO_EMULATED = "torchao-float8-static-emulation"  # the served path on a CPU: TorchAO's GPU arithmetic emulated
+SERVED_KERNELS = (TORCHAO, TORCHAO_EMULATED)
 POLICY_SERVER = "policy-server"  # results imported from a server (release import-served): its kernel, not recorded
 Shape = tuple[int, int, int]
 

@@ -176,11 +176,17 @@ def per_tensor_forward(self: Any, input: torch.Tensor, *args: Any, **kwargs: Any
     as ``torch._scaled_mm`` with fast accumulation does on Hopper (``emulated_gemm``).
     """
     reciprocal = _reciprocal(input.device)
-    scale_a = self.input_quantizer.amax.float() * reciprocal
-    scale_b = self.weight_quantizer.amax.float() * reciprocal
+    return static_forward(input, self.weight.data, self.input_quantizer.amax.float() * reciprocal,
+                          self.weight_quantizer.amax.float() * reciprocal, self.bias)
+
+
+def static_forward(input: torch.Tensor, weight: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """An FP8 Linear at static per-tensor fp32 scales, as an eager ``torch._scaled_mm`` with fast accumulation
+    computes it on Hopper: the input divided by ``scale_a`` in fp32, clamped and cast to E4M3 (ModelOpt's ``_to_fp8``
+    and TorchAO's ``_quantize_affine_float8`` alike), then ``emulated_gemm`` with ``weight``'s codes [N, K]."""
     codes = (input.float() / scale_a).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    out = emulated_gemm(codes.reshape(-1, codes.shape[-1]), self.weight.data, scale_a, scale_b, self.bias,
-                        input.dtype)
+    out = emulated_gemm(codes.reshape(-1, codes.shape[-1]), weight, scale_a, scale_b, bias, input.dtype)
     return out.reshape(*input.shape[:-1], out.shape[-1])
 
 

@@ -9,6 +9,9 @@ its result and its times: ``rollouts: fakequant rtn: 48/48 in 137.8 s (load 12.1
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -114,3 +117,21 @@ def progress(what: str, total: int | None = None) -> Iterator[Work]:
             unit.bar[0].stop()
             _LIVE.clear()
     info(unit.closing())
+
+
+@contextmanager
+def torchao_quiet() -> Iterator[None]:
+    """TorchAO's import (by the served path, and by diffusers wherever TorchAO is installed) logs each CUDA kernel
+    library it cannot load (none is used: the GEMM is ``torch._scaled_mm``) and warns of its own deprecations: kept
+    off the user's terminal. Errors still propagate."""
+    # torch's pytree logs through a handler that holds the stderr of its creation: its level is what quiets it
+    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)

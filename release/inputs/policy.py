@@ -22,15 +22,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
-from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
-from diffusers.utils import logging as diffusers_logging
 
 from release.core.config import PolicySettings
 from release.core.device import compute_device, default_dtype_kept
 from release.core.errors import ReleaseError
 from release.core.io import cache_dir, keep_cached
+from release.core.output import torchao_quiet
 from release.inputs.observations import _OBJECTS, _PLACES, _VERBS, Observation
+
+with torchao_quiet():  # diffusers imports TorchAO's quantizer where TorchAO is installed (the 'served' extra)
+    from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
+    from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
+    from diffusers.utils import logging as diffusers_logging
 
 diffusers_logging.disable_progress_bar()  # the tool shows its own (rich) progress
 diffusers_logging.set_verbosity_error()

@@ -36,7 +36,7 @@ from release.inputs.observations import Observation, action_sigma, load_observat
 from release.inputs.source import load_transformer, recalled_inputs, resolve_source, source_revision
 from release.measure.layout import EXTERNAL, EXTERNAL_TITLE, PERF, RESULTS, YARDSTICKS, as_external, external_name
 from release.quantize.load import deployed_transformer, fakequant_transformer
-from release.quantize.served import served_transformer, torchao_version
+from release.quantize.served import served_kernel, served_transformer, torchao_version
 
 Path_ = Literal["fakequant", "deployed", "served"]
 Split = Literal["calibration", "validation", "all"]
@@ -320,7 +320,8 @@ def _label(request: EvalRequest, subject: Subject) -> str:
     build = subject.build
     steps = request.steps
     served = "" if request.path != "served" else \
-        f":{steps.w8a16_first_steps}-{steps.w8a16_last_steps}:torchao-{torchao_version()}:{STORED_SCALES}"
+        f":{steps.w8a16_first_steps}-{steps.w8a16_last_steps}:torchao-{torchao_version()}:{STORED_SCALES}:" \
+        f"{served_kernel()}"
     if subject.revision is not None:
         return f"{request.path}:{EXTERNAL}:{build.name}:{subject.revision}:{__version__}:{EMULATION}{served}"
     path = request.dist / build.repo / "provenance.json"

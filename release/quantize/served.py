@@ -8,15 +8,16 @@ are, inside a Linear that flattens the tokens before the GEMM (the tensor needs 
 scale's). At run time TorchAO quantizes the input with the static scale and calls ``torch._scaled_mm`` with both
 scales and fast accumulation. Its step policy runs step ``i`` of ``n`` W8A16 when ``i < first`` or ``i >= n - last``:
 the weight dequantized in BF16 (``qdata.to(bf16) * scale.to(bf16)``) and a BF16 matmul. Here the same construction
-is applied to the build loaded through diffusers, its TorchAO pinned in the ``served`` extra."""
+is applied to the build loaded through diffusers, its TorchAO pinned in the ``served`` extra.
+
+Where models run on the CPU the W8A8 GEMM is emulated (``release.core.fp8.static_forward``): the server runs on CUDA
+only, and torch's CPU ``_scaled_mm`` is a reference kernel of other arithmetic, about 10 MFLOP/s. The emulation is
+the eager Hopper kernel's arithmetic that TorchAO calls (the input quotient in fp32, fast accumulation, scales and
+bias in one fp32 epilogue), checked against it on an H200 (``release/core/fp8_conformance.json``)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,19 +25,24 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from release.core import fp8
 from release.core.config import StepPolicy
-from release.core.conformance import TORCHAO
+from release.core.conformance import TORCHAO, TORCHAO_EMULATED
+from release.core.device import compute_device
 from release.core.errors import ReleaseError
 from release.core.io import parse_json
+from release.core.output import torchao_quiet
 from release.quantize.load import GemmRecord, load_build_transformer
 from release.quantize.recipes import quantized_linears
 
 
 class ServedLinear(torch.nn.Linear):
     """The server's FP8 Linear: the weight a ``PrototypeFloat8Tensor``; tokens flattened for TorchAO's GEMM, an
-    empty input answered with an empty output; under W8A16 the weight dequantized in BF16 and a BF16 matmul."""
+    empty input answered with an empty output; under W8A16 the weight dequantized in BF16 and a BF16 matmul; with
+    ``emulate``, TorchAO's W8A8 arithmetic on Hopper emulated (module docstring)."""
 
     w8a16 = False
+    emulate = False
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         shape = (*inputs.shape[:-1], self.out_features)
@@ -46,6 +52,9 @@ class ServedLinear(torch.nn.Linear):
         if self.w8a16:
             dense = weight.qdata.to(torch.bfloat16) * weight.scale.to(torch.bfloat16)
             return F.linear(inputs, dense, self.bias)
+        if self.emulate:
+            return fp8.static_forward(inputs, weight.qdata, weight.act_quant_scale.reshape(()),
+                                      weight.scale.reshape(()), self.bias)
         return F.linear(inputs.reshape(-1, inputs.shape[-1]), weight, self.bias).reshape(shape)
 
 
@@ -78,24 +87,10 @@ class StepSchedule:
         return {"callback_on_step_end": self._next}
 
 
-@contextlib.contextmanager
-def _torchao_quiet() -> Iterator[None]:
-    """TorchAO's import logs each CUDA kernel library it cannot load (none is used here: the GEMM is
-    ``torch._scaled_mm``) and warns about its own deprecations."""
-    logger = logging.getLogger("torchao")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        logger.setLevel(level)
-
-
 def torchao_version() -> str:
     """The installed TorchAO's version; a missing one is a one-line error naming the extra."""
     try:
-        with _torchao_quiet():
+        with torchao_quiet():
             import torchao
     except ImportError as exc:
         raise ReleaseError("--path served needs TorchAO, the policy server's FP8 kernels: pip install "
@@ -151,12 +146,17 @@ def _read(shard: Path, key: str) -> torch.Tensor:
         return f.get_tensor(key)
 
 
+def served_kernel() -> str:
+    """The served path's W8A8 GEMM here: TorchAO's on CUDA, its emulation elsewhere (module docstring)."""
+    return TORCHAO if compute_device() == "cuda" else TORCHAO_EMULATED
+
+
 def served_transformer(folder: Path, policy: StepPolicy, steps: int) -> torch.nn.Module:
     """The exported build through diffusers with its FP8 Linears made as the policy server makes them (module
     docstring). The model's ``gemm_record`` names the kernel and collects the GEMM shapes; its ``step_schedule``
     sets each step's W8A8 or W8A16 during a rollout."""
     version = torchao_version()
-    with _torchao_quiet():
+    with torchao_quiet():
         from torchao.float8.inference import Float8MMConfig
         from torchao.prototype.quantization.float8_static_quant.prototype_float8_tensor import PrototypeFloat8Tensor
         from torchao.quantization import PerTensor
@@ -169,7 +169,7 @@ def served_transformer(folder: Path, policy: StepPolicy, steps: int) -> torch.nn
     mm_config = Float8MMConfig(use_fast_accum=True)
     activation = QuantizeTensorToFloat8Kwargs(float8_dtype=torch.float8_e4m3fn, granularity=PerTensor(),
                                               mm_config=mm_config)
-    record = GemmRecord(TORCHAO)
+    record = GemmRecord(served_kernel())
     linears = []
     for name in names:
         module: Any = model.get_submodule(name)
@@ -182,6 +182,7 @@ def served_transformer(folder: Path, policy: StepPolicy, steps: int) -> torch.nn
             act_quant_scale=input_scale.float().reshape(1, 1), block_size=list(qdata.shape),
             mm_config=mm_config, act_quant_kwargs=activation, dtype=torch.bfloat16), requires_grad=False)
         served.train(False)
+        served.emulate = record.kernel == TORCHAO_EMULATED
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, served)
         record.track(served)

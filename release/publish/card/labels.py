@@ -7,7 +7,15 @@ from collections.abc import Iterable
 from typing import Any
 
 from release.core.builds import available_builds, load_build
-from release.core.conformance import EMULATION, MODELOPT, POLICY_SERVER, SCALED_MM, TORCHAO
+from release.core.conformance import (
+    EMULATION,
+    MODELOPT,
+    POLICY_SERVER,
+    SCALED_MM,
+    SERVED_KERNELS,
+    TORCHAO,
+    TORCHAO_EMULATED,
+)
 from release.core.errors import ReleaseError
 from release.measure.stats import decimals
 from release.publish.card.i18n import Formatter, _
@@ -151,10 +159,14 @@ def device_word(device: str | None, t: Any) -> str:
 
 
 # A served row's label: imported from a policy server, or computed as the server computes (release eval --path served).
-SERVED_LABEL = _("served, {device}, TorchAO static FP8, {steps}")
+SERVED_LABELS = {TORCHAO: _("served, {device}, TorchAO static FP8, {steps}"),
+                 TORCHAO_EMULATED: _("served, {device}, TorchAO static FP8 emulated, {steps}")}
 SERVED_HOW = _("the exported build through diffusers, each FP8 Linear made as NVIDIA's policy server makes it: "
-               "TorchAO {torchao}'s static FP8 tensor at the stored `weight_scale` and `input_scale`, "
-               "`torch._scaled_mm` with fast accumulation on {device} (torch {torch}); {steps}")
+               "TorchAO {torchao}'s static FP8 tensor at the stored `weight_scale` and `input_scale`, {gemm} "
+               "(torch {torch}); {steps}")
+SERVED_GEMMS = {TORCHAO: _("`torch._scaled_mm` with fast accumulation on {device}"),
+                TORCHAO_EMULATED: _("the eager `torch._scaled_mm` with fast accumulation that TorchAO calls on "
+                                    "Hopper, emulated on {device}")}
 
 
 def steps_text(modes: list[str], t: Any) -> str:
@@ -172,21 +184,22 @@ def served_computations(records: Iterable[dict[str, Any]]) -> list[dict[str, Any
     out = {}
     for r in records:
         c = r.get("computed")
-        if r["path"] == "served" and isinstance(c, dict) and c.get("kernel") == TORCHAO:
-            key = f"{c['device']}|{c.get('torch')}|{c.get('torchao')}|{c.get('steps')}"
+        if r["path"] == "served" and isinstance(c, dict) and c.get("kernel") in SERVED_KERNELS:
+            key = f"{c['device']}|{c['kernel']}|{c.get('torch')}|{c.get('torchao')}|{c.get('steps')}"
             out[key] = c
     return [out[k] for k in sorted(out)]
 
 
 def served_imported(records: Iterable[dict[str, Any]]) -> bool:
     """Whether any served record came from a policy server's results (``release import-served``)."""
-    return any(r["path"] == "served" and (r.get("computed") or {}).get("kernel", POLICY_SERVER) != TORCHAO
+    return any(r["path"] == "served" and (r.get("computed") or {}).get("kernel", POLICY_SERVER) not in SERVED_KERNELS
                for r in records)
 
 
 def served_how(records: list[dict[str, Any]], t: Any) -> str:
     """The paths table's "how" of the served path: each computation of it, and the import if results were."""
-    hows = [t(SERVED_HOW).format(torchao=c.get("torchao"), device=device_word(c["device"], t), torch=c.get("torch"),
+    hows = [t(SERVED_HOW).format(torchao=c.get("torchao"), torch=c.get("torch"),
+                                 gemm=t(SERVED_GEMMS[c["kernel"]]).format(device=device_word(c["device"], t)),
                                  steps=steps_text(list(c.get("steps") or []), t))
             for c in served_computations(records)]
     return "; ".join(hows + ([t(PATH_HOW["served"])] if served_imported(records) or not hows else []))
@@ -196,7 +209,8 @@ def path_label(path: str, t: Any, records: Iterable[dict[str, Any]] = ()) -> str
     """A path's label; a deployed or served one says how ``records`` (those it labels) were computed."""
     records = list(records)
     if path == "served":
-        labels = [t(SERVED_LABEL).format(device=device_word(c["device"], t), steps=steps_text(list(c["steps"]), t))
+        labels = [t(SERVED_LABELS[c["kernel"]]).format(device=device_word(c["device"], t),
+                                                      steps=steps_text(list(c["steps"]), t))
                   for c in served_computations(records)]
         return " / ".join(labels + ([t(PATH_LABELS[path])] if served_imported(records) or not labels else []))
     hows = computations(records) if path == "deployed" else []
