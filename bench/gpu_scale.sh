@@ -25,6 +25,11 @@
 #   9b. served-gemm: TorchAO's static FP8 GEMM (the policy server's) against ModelOpt's at the Nano's Linear shapes
 #      (bench/gpu_served_gemm.py); served-start, served-wait: the five served builds built, then evaluated on the
 #      deployed and the served paths (bench/gpu_served.sh), followed across commands as the sweep is;
+#   9d. first-call: where the served and deployed paths of the RTN build (dist/, from build or served-start) part:
+#      every FP8 Linear of one rollout's first transformer call on both paths, and the deployed outputs against an
+#      eager torch._scaled_mm on the same inputs (bench/gpu_served_first_call.py);
+#   9e. yardstick: the eval's BF16 eager vs torch.compile rollouts of the held-out split, no build
+#      (bench/gpu_compile_yardstick.py);
 #   9c. batched: the packed-vs-lone transformer calls of $BATCH observations (default 4) on the served helper's RTN build
 #      (bench/batched_calls.py: bits and time per model), the helper stopped first if it still runs;
 #   10. sweep-start, sweep-wait: `release build --all` (bench/gpu_sweep.sh), started in the background and waited for
@@ -34,7 +39,7 @@
 #   WORK outside the checkout (e.g. /root/w) or ignored by git: the device tool replaces a checkout's untracked files
 #   at each call, and a sweep that spans calls loses its source and builds with them
 #   steps: setup floor build eval profile graphs fold capped-build capped-eval gptq probe extensions init sweep-start
-#   sweep-wait served-gemm served-start served-wait batched
+#   sweep-wait served-gemm served-start served-wait batched first-call yardstick
 #   (default: the first five)
 #   env: BUILDS (default rtn), BUILDS_DIR (a builds folder, e.g. from init), FIXTURE_ARGS, CAP, GPU_GIB, WAIT, STOP,
 #   CALLS, ALGO_CALLS, SWEEP, GRAPH_ROLLOUTS (default 16)
@@ -153,6 +158,14 @@ for step in $steps; do
       tail -c 200000 sweep/log.txt >"$out/sweep-log.txt" 2>/dev/null || true
       cp sweep/profile.json "$out/sweep-profile.json" 2>/dev/null || true  # rewritten as each outer stage ends
       if [ -f sweep/done ]; then tar -C sweep -czf "$out/sweep-kept.tgz" kept; fi ;;
+    first-call)
+      timed "served vs deployed, the first transformer call's FP8 Linears (bench/gpu_served_first_call.py)" env \
+        ${BUILDS_DIR:+RELEASE_BUILDS=$BUILDS_DIR} bash -c "venv/bin/python '$here/gpu_served_first_call.py' fx/source \
+        fx/observations dist/Cosmos3-Nano-Policy-DROID-FP8 '$out/first_call.json' >'$out/first_call.txt' 2>&1" ;;
+    yardstick)
+      timed "BF16 eager vs torch.compile rollouts (bench/gpu_compile_yardstick.py)" env \
+        ${BUILDS_DIR:+RELEASE_BUILDS=$BUILDS_DIR} bash -c "venv/bin/python '$here/gpu_compile_yardstick.py' fx/source \
+        fx/observations '$out/yardstick' >'$out/yardstick.txt' 2>&1" ;;
     served-gemm)
       timed "TorchAO's static FP8 GEMM vs ModelOpt's (bench/gpu_served_gemm.py)" bash -c \
         "venv/bin/python '$here/gpu_served_gemm.py' '$out/served_gemm.json' >'$out/served_gemm.txt' 2>&1" ;;
