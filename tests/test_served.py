@@ -161,8 +161,8 @@ def test_served_and_deployed_are_the_same_bits_at_the_same_scales(rtn_build: Pat
 def test_diffusers_imports_torchao_without_a_word() -> None:
     """diffusers imports TorchAO wherever it is installed, and TorchAO's import logs each CUDA kernel library it
     cannot load and warns of its deprecations: none of it reaches a user's terminal (a fresh process)."""
-    done = subprocess.run([sys.executable, "-c", "import release.inputs.policy, sys; "
-                           "assert 'torchao' in sys.modules, 'diffusers no longer imports TorchAO'"], capture_output=True, text=True, timeout=600)
+    check = "import release.inputs.policy, sys; assert 'torchao' in sys.modules, 'diffusers no longer imports TorchAO'"
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == "", done.stderr
 
