@@ -6,7 +6,9 @@ the first transformer call is kept, in call order. Then:
 - the first Linear whose output differs between the paths, and whether its input was the same;
 - for every Linear of the deployed call, its output against an eager ``torch._scaled_mm`` of the same codes, scales
   and bias (the kernel TorchAO calls) on the same input: how many Linears, and outputs, ModelOpt's compiled GEMM
-  computes otherwise on the rollout's own inputs.
+  computes otherwise on the rollout's own inputs; and the same with the input quantized as x times fp32(1 / s), and as
+  x times Inductor's reciprocal of s (which ModelOpt's compiled ``_to_fp8`` computes, ``gpu_compiled_gemm.py``);
+- how many Linears' run-time scales differ from the stored ``input_scale`` / ``weight_scale``.
 
 Usage: python bench/gpu_served_first_call.py SOURCE OBSERVATIONS BUILD_DIR OUT.json
 (``RELEASE_BUILDS`` or ./builds name the release; the build is read from BUILD_DIR as exported.)
@@ -65,17 +67,39 @@ def stored(build: Path, names: list[str]) -> dict[str, torch.Tensor]:
     return out
 
 
-def eager_gemm(x: torch.Tensor, tensors: dict[str, torch.Tensor], name: str, device: str) -> torch.Tensor:
-    """TorchAO's W8A8 Linear as it computes it: the input quantized at the stored scale, an eager ``_scaled_mm``."""
-    scale_a = tensors[f"{name}.input_scale"].float().reshape(1, 1).to(device)
-    scale_b = tensors[f"{name}.weight_scale"].float().reshape(1, 1).to(device)
-    flat = x.reshape(-1, x.shape[-1]).to(device)
-    codes = (flat.float() / scale_a).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+def compiled_reciprocal() -> Any:
+    """1 / s as Inductor's Triton code computes it (``/`` is the approximate ``div.full.f32``): ModelOpt's compiled
+    ``_to_fp8`` divides by the scale as x times this (``bench/gpu_compiled_gemm.py``)."""
+    return torch.compile(lambda s: torch.ones_like(s) / s, dynamic=True)
+
+
+def eager_gemm(x: torch.Tensor, tensors: dict[str, torch.Tensor], name: str, device: str,
+               rule: str = "ieee_division", reciprocal: Any = None) -> torch.Tensor:
+    """The stored W8A8 Linear as an eager ``_scaled_mm`` (TorchAO's GEMM), its input quantized at the stored scale
+    by ``rule``: ``ieee_division`` (x / s, TorchAO's), ``ieee_reciprocal`` (x times fp32(1 / s)) or
+    ``compiled_reciprocal`` (x times ``reciprocal(s)``)."""
+    scale_a, scale_b = (tensors[f"{name}.{k}"].float().reshape(1, 1).to(device)
+                        for k in ("input_scale", "weight_scale"))
+    flat = x.reshape(-1, x.shape[-1]).to(device).float()
+    quotient = {"ieee_division": lambda: flat / scale_a, "ieee_reciprocal": lambda: flat * (1.0 / scale_a),
+                "compiled_reciprocal": lambda: flat * reciprocal(scale_a)}[rule]()
+    codes = quotient.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     bias = tensors.get(f"{name}.bias")
     out = torch._scaled_mm(codes, tensors[f"{name}.weight"].to(device).t(), scale_a=scale_a, scale_b=scale_b,
                            bias=None if bias is None else bias.to(device, x.dtype), out_dtype=x.dtype,
                            use_fast_accum=True)
     return out.reshape(*x.shape[:-1], out.shape[-1]).cpu()
+
+
+def runtime_scales(model: torch.nn.Module, names: list[str]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The input and weight scales ModelOpt's FP8 GEMM cached at its first call (``_scale_a``, ``_scale_b``: amax /
+    448 on the device), by Linear; none on the CPU, where the deployed path is emulated."""
+    out = {}
+    for name in names:
+        module = model.get_submodule(name)
+        if hasattr(module, "_scale_a") and hasattr(module, "_scale_b"):
+            out[name] = (module._scale_a.detach().cpu(), module._scale_b.detach().cpu())
+    return out
 
 
 def main(source: Path, observations: Path, build: Path, out: Path) -> None:
@@ -85,6 +109,7 @@ def main(source: Path, observations: Path, build: Path, out: Path) -> None:
     model = deployed_transformer(build)
     names = quantized_linears(model)  # the served model's Linears replace these, at the same paths
     deployed = first_call(model, names, source, observation, {})
+    runtime = runtime_scales(model, names)
     del model
     torch.cuda.empty_cache()
     model = served_transformer(build, release.served_steps, release.policy.steps)
@@ -95,11 +120,21 @@ def main(source: Path, observations: Path, build: Path, out: Path) -> None:
                  None)
     tensors = stored(build, [n for n, _, _ in deployed])
     departures = []
+    reciprocal = compiled_reciprocal() if device == "cuda" else lambda s: 1.0 / s
+    rules: dict[str, dict[str, int]] = {r: {"linears_differing": 0, "outputs_differing": 0}
+                                        for r in ("ieee_division", "ieee_reciprocal", "compiled_reciprocal")}
+    approximate = 0  # Linears whose input scale's compiled reciprocal is not fp32(1 / s)
     for name, x, y in deployed:
-        eager = eager_gemm(x, tensors, name, device)
-        if not torch.equal(eager, y):
-            departures.append({"linear": name, "outputs_differing": int((eager != y).sum()), "outputs": y.numel(),
-                               "max_abs_diff": float((eager.float() - y.float()).abs().max())})
+        for rule, counts in rules.items():
+            eager = eager_gemm(x, tensors, name, device, rule, reciprocal)
+            counts["linears_differing"] += not torch.equal(eager, y)
+            counts["outputs_differing"] += int((eager != y).sum())
+            if rule == "ieee_division" and not torch.equal(eager, y):
+                departures.append({"linear": name, "outputs_differing": int((eager != y).sum()), "outputs": y.numel(),
+                                   "max_abs_diff": float((eager.float() - y.float()).abs().max())})
+        scale = tensors[f"{name}.input_scale"].float().reshape(1, 1).to(device)
+        approximate += not torch.equal(reciprocal(scale), 1.0 / scale)
+    scale_pairs = [(runtime[n], (tensors[f"{n}.input_scale"], tensors[f"{n}.weight_scale"])) for n in runtime]
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
         "observation": observation.obs_id, "linears_in_first_call": len(deployed),
@@ -109,6 +144,14 @@ def main(source: Path, observations: Path, build: Path, out: Path) -> None:
             "outputs_differing": int((deployed[first][2] != served[first][2]).sum()),
             "outputs": deployed[first][2].numel()},
         "linears_differing": sum(not torch.equal(d[2], s[2]) for d, s in zip(deployed, served, strict=True)),
+        "runtime_scales_vs_stored": {
+            "linears": len(scale_pairs),
+            "input_scale_differs": sum(not torch.equal(r[0].float().flatten(), s[0].float().flatten())
+                                       for r, s in scale_pairs),
+            "weight_scale_differs": sum(not torch.equal(r[1].float().flatten(), s[1].float().flatten())
+                                        for r, s in scale_pairs)},
+        "input_scales_whose_compiled_reciprocal_is_not_ieee": approximate,
+        "deployed_vs_eager_scaled_mm_by_quantization_rule": rules,
         "deployed_vs_eager_scaled_mm": {"linears_differing": len(departures), "linears": departures},
     }
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -26,17 +26,23 @@ import torch
 import torch.nn.functional as F
 
 
-def modelopt_gemm() -> Any:
+def modelopt_gemm(compiled: bool = True, name: str = "_fp8_gemm_impl") -> Any:
+    """ModelOpt's ``_fp8_gemm_impl`` (or ``name``: ``_to_fp8``) as installed, and without its ``torch.compile``
+    decorators when not ``compiled`` (the same arithmetic run eagerly); each call gives a new function, compiled
+    anew on first use."""
     spec = importlib.util.find_spec("modelopt")
     assert spec is not None and spec.submodule_search_locations
     path = Path(spec.submodule_search_locations[0]) / "torch/quantization/backends/fp8_per_tensor_gemm.py"
     tree = ast.parse(path.read_text())
     keep = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in ("_to_fp8", "_fp8_gemm_impl")]
     assert len(keep) == 2, "ModelOpt's fp8_per_tensor_gemm no longer has _to_fp8 and _fp8_gemm_impl"
+    if not compiled:
+        for node in keep:
+            node.decorator_list = []
     names: dict[str, Any] = {"torch": torch, "FP8_MIN": torch.finfo(torch.float8_e4m3fn).min,
                              "FP8_MAX": torch.finfo(torch.float8_e4m3fn).max}
     exec(compile(ast.Module(body=keep, type_ignores=[]), str(path), "exec"), names)
-    return names["_fp8_gemm_impl"]
+    return names[name]
 
 
 def torchao_weight(qdata: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor) -> Any:

@@ -171,21 +171,29 @@ def _reciprocal(device: torch.device) -> torch.Tensor:
 def per_tensor_forward(self: Any, input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """ModelOpt's FP8 per-tensor GEMM (``fp8_per_tensor_gemm``) in exact arithmetic that runs anywhere.
 
-    scale_a = amax_in / 448 and scale_b = amax_w / 448 in fp32; the input is divided by scale_a in fp32 (ModelOpt's
-    ``torch.compile``d ``_to_fp8`` does not round the quotient to bf16), clamped and cast to FP8, then multiplied
-    as ``torch._scaled_mm`` with fast accumulation does on Hopper (``emulated_gemm``).
+    scale_a = amax_in / 448 and scale_b = amax_w / 448 in fp32; the input is multiplied by fp32(1 / scale_a) in fp32
+    (ModelOpt's ``torch.compile``d ``_to_fp8`` neither rounds the quotient to bf16 nor divides exactly:
+    ``static_forward``), clamped and cast to FP8, then multiplied as ``torch._scaled_mm`` with fast accumulation
+    does on Hopper (``emulated_gemm``).
     """
     reciprocal = _reciprocal(input.device)
     return static_forward(input, self.weight.data, self.input_quantizer.amax.float() * reciprocal,
-                          self.weight_quantizer.amax.float() * reciprocal, self.bias)
+                          self.weight_quantizer.amax.float() * reciprocal, self.bias, reciprocal=True)
 
 
 def static_forward(input: torch.Tensor, weight: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                   bias: torch.Tensor | None) -> torch.Tensor:
-    """An FP8 Linear at static per-tensor fp32 scales, as an eager ``torch._scaled_mm`` with fast accumulation
-    computes it on Hopper: the input divided by ``scale_a`` in fp32, clamped and cast to E4M3 (ModelOpt's ``_to_fp8``
-    and TorchAO's ``_quantize_affine_float8`` alike), then ``emulated_gemm`` with ``weight``'s codes [N, K]."""
-    codes = (input.float() / scale_a).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+                   bias: torch.Tensor | None, *, reciprocal: bool = False) -> torch.Tensor:
+    """An FP8 Linear at static per-tensor fp32 scales, as ``torch._scaled_mm`` with fast accumulation computes it on
+    Hopper: the input divided by ``scale_a`` in fp32 (TorchAO's ``_quantize_affine_float8``, an eager IEEE division),
+    or with ``reciprocal`` multiplied by fp32(1 / ``scale_a``), clamped and cast to E4M3, then ``emulated_gemm`` with
+    ``weight``'s codes [N, K].
+
+    ``reciprocal`` is ModelOpt's compiled ``_to_fp8``: Inductor's Triton ``/`` is the approximate ``div.full.f32``,
+    x times an approximate reciprocal of the scale, which is fp32(1 / s) for most scales (458 of a Nano build's 504
+    input scales on an H100) and one the CPU cannot know for the others (``bench/gpu_compiled_gemm.py``). The two
+    rules give other codes for a few inputs per Linear; the GEMM that follows is the same cuBLAS kernel."""
+    quotient = input.float() * (1.0 / scale_a) if reciprocal else input.float() / scale_a
+    codes = quotient.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     out = emulated_gemm(codes.reshape(-1, codes.shape[-1]), weight, scale_a, scale_b, bias, input.dtype)
     return out.reshape(*input.shape[:-1], out.shape[-1])
 

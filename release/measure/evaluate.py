@@ -42,7 +42,9 @@ Path_ = Literal["fakequant", "deployed", "served"]
 Split = Literal["calibration", "validation", "all"]
 HOW = ".how.json"  # beside a cached rollout: the machine, versions, FP8 GEMM kernel, GEMM shapes, CUDA graphs or not
 SEEDS_YARDSTICK = (4, 4)  # observations x seeds
-EMULATION = "fp8-gemm-emulation/5"  # fp32 input quotient; Hopper's fast-accumulation arithmetic (zero codes); row-wise
+# The emulation's arithmetic: Hopper's fast accumulation (zero codes, row-wise); the deployed input times fp32(1/s)
+# as ModelOpt's compiled quantizer computes it (since /6; before: the quotient), the served one divided.
+EMULATION = "fp8-gemm-emulation/6"
 # The served path reads the stored weight_scale / input_scale, which a GPU build writes as amax x fp32(1/448) since
 # release.core.fp8.serving_scale (before: the CPU's quotient); its rollouts cached before that are not reused.
 STORED_SCALES = "stored-scales/2"
