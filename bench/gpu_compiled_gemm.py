@@ -2,9 +2,10 @@
 the same codes, scales and bias give other bits in a few outputs (``gpu_served_first_call.py``: 13 of the first
 transformer call's 504 Linears on an H100, all ``down_proj`` or ``to_out``).
 
-ModelOpt's ``_fp8_gemm_impl`` is ``torch.compile(dynamic=True)``: Inductor lowers ``_scaled_mm`` to a choice among
-cuBLAS (``aten._scaled_mm``) and its own Triton FP8 templates, and picks one by timing them on the machine. Each
-variant below runs ModelOpt's function (verbatim, ``gpu_served_gemm.modelopt_gemm``) on the same inputs:
+ModelOpt's ``_fp8_gemm_impl`` is ``torch.compile(dynamic=True)``: Inductor may lower ``_scaled_mm`` to cuBLAS
+(``aten._scaled_mm``) or to its own Triton FP8 templates (on an H100 it ran cuBLAS, the eager kernel: BENCHMARKS.md,
+"Where the served and deployed paths part"), and it compiles the input's division too. Each variant below runs
+ModelOpt's function (verbatim, ``gpu_served_gemm.modelopt_gemm``) on the same inputs:
 - ``compiled``: as ModelOpt ships it;
 - ``compiled_aten``: compiled with Inductor's GEMM backends limited to ATen (cuBLAS only);
 - ``eager``: the same function without ``torch.compile``: PyTorch divides the bf16 input by the fp32 0-dim scale
@@ -73,6 +74,10 @@ def inputs(g: torch.Generator) -> list[dict[str, Any]]:
     return cases
 
 
+def fp8_codes(quotient: torch.Tensor) -> torch.Tensor:
+    return quotient.clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
 def division(cases: list[dict[str, Any]]) -> dict[str, Any]:
     """Which fp32 arithmetic the compiled quotient x / s is (module docstring), counted over the cases' inputs."""
     torch._dynamo.reset()
@@ -84,12 +89,11 @@ def division(cases: list[dict[str, Any]]) -> dict[str, Any]:
         x, s = c["x"], c["scale_a"]
         ieee, compiled = x.float() / s, quotient(x, s)
         r_ieee, r_compiled = 1.0 / s, quotient(torch.ones_like(s), s)
-        codes = (ieee.clamp(-448, 448)).to(torch.float8_e4m3fn).view(torch.uint8)
-        codes_compiled = (compiled.clamp(-448, 448)).to(torch.float8_e4m3fn).view(torch.uint8)
+        codes, codes_compiled = fp8_codes(ieee), fp8_codes(compiled)
         codes_modelopt = to_fp8(x, s).view(torch.uint8)
         with torch._inductor.config.patch({"eager_numerics.division_rounding": True}):
             codes_rn = to_fp8_rn(x, s).view(torch.uint8)
-        codes_via_fp16 = ieee.clamp(-448, 448).half().to(torch.float8_e4m3fn).view(torch.uint8)
+        codes_via_fp16 = fp8_codes(ieee.clamp(-448, 448).half())
         rows.append({"m": c["m"], "k": c["k"], "elements": x.numel(),
                      "vs_ieee_quotient": int((compiled != ieee).sum()),
                      "vs_x_times_ieee_reciprocal": int((compiled != x.float() * r_ieee).sum()),
