@@ -1,6 +1,6 @@
 """Issue 35: why ModelOpt's deployed FP8 GEMM and an eager ``torch._scaled_mm`` (TorchAO's, the served path's) of
-the same codes, scales and bias give other bits in a few outputs (``gpu_served_first_call.py``: 13 of the first
-transformer call's 504 Linears on an H100, all ``down_proj`` or ``to_out``).
+the same input, weight codes, scales and bias give other bits in a few outputs (``gpu_served_first_call.py``: 13
+of the first transformer call's 504 Linears on an H100, all ``down_proj`` or ``to_out``).
 
 ModelOpt's ``_fp8_gemm_impl`` is ``torch.compile(dynamic=True)``: Inductor may lower ``_scaled_mm`` to cuBLAS
 (``aten._scaled_mm``) or to its own Triton FP8 templates (on an H100 it ran cuBLAS, the eager kernel: BENCHMARKS.md,
