@@ -24,20 +24,22 @@ RTN, MAVG, MAVG005 = ("Cosmos3-Nano-Policy-DROID-FP8", "Cosmos3-Nano-Policy-DROI
 
 
 def _narrow(builds: Path) -> None:
-    """Three builds (RTN and two moving-average observers: one capture pass), both fake-quant splits, no yardsticks
-    (a fixed margin instead: torch.compile on the CPU is slow), 64 calibration calls; RTN 'always', one more by rank,
-    and a gate the moving-average build passes, so that a dropped build is chosen."""
+    """Three builds (RTN and two moving-average observers: one capture pass), both fake-quant splits, the deployed
+    path of the chosen builds, no yardsticks (a fixed margin instead: torch.compile on the CPU is slow), 64
+    calibration calls; RTN 'always', one more by rank, and a gate that only rtn_mavg005 (not one of the seed's five
+    served builds) passes, so that a dropped build is chosen and gets its deployed results before the cards."""
     path = builds / "release.yaml"
     text = re.sub(r"\nsweep: \[.*?\]\n", "\nsweep: [rtn, rtn_mavg, rtn_mavg005]\n", path.read_text(), flags=re.S)
     text = re.sub(r"candidates: \[.*?\]", "candidates: [rtn, rtn_mavg, rtn_mavg005]", text)
-    text = text.replace("count: 2", "count: 1").replace("equivalence_margin: compile", "equivalence_margin: 0.01")
-    text = re.sub(r"    - \{path: deployed.*\n", "", text).replace("yardsticks: [calibration, validation]",
+    text = text.replace("count: 2", "count: 1").replace("equivalence_margin: {of_baseline: 0.1}",
+                                                        "equivalence_margin: {sigma: 0.01}")
+    text = re.sub(r"    - \{path: deployed.*builds: \[.*\n", "", text).replace("yardsticks: [calibration, validation]",
                                                                       "yardsticks: []")
     path.write_text(text)
     for name in ("rtn", "rtn_mavg", "rtn_mavg005"):
         file = builds / f"{name}.yaml"
         text = file.read_text().replace("calibration_calls: 256", "calibration_calls: 64")
-        if name == "rtn_mavg":
+        if name == "rtn_mavg005":
             text = text.replace("gripper_change_rate: 0.005", "gripper_change_rate: 0.05")
         file.write_text(text.replace("algorithm_calls: 32", "algorithm_calls: 8"))
 
@@ -90,28 +92,36 @@ def uninterrupted(small: Path, narrowed: Path, tmp_path_factory: pytest.TempPath
 def test_the_campaign_selects_rebuilds_the_chosen_and_cards_the_delivered(uninterrupted: tuple[Path, str]) -> None:
     dist, output = uninterrupted
     selection = json.loads((dist / "selection.json").read_text())
-    assert selection["chosen"] == ["rtn", "rtn_mavg"]
+    assert selection["chosen"] == ["rtn", "rtn_mavg005"] and selection["rule"]["split"] == "validation"
     journal = json.loads((dist / "campaign.json").read_text())["builds"]
     assert all(journal[b]["verified"] and journal[b]["evaluated"] for b in ("rtn", "rtn_mavg", "rtn_mavg005"))
     # the build not chosen keeps its provenance, report and results, not its weights
-    assert "dropped" in journal["rtn_mavg005"] and "dropped" not in journal["rtn_mavg"]
-    assert not list((dist / MAVG005).rglob("*.safetensors")) and not list((dist / MAVG005).rglob("*.pth"))
-    assert {p.name for p in (dist / MAVG005 / "results").iterdir()} == {"fakequant-calibration.npz",
-                                                                        "fakequant-validation.npz"}
-    assert (dist / MAVG005 / "provenance.json").is_file()
-    assert (dist / MAVG005 / "verification" / "report.json").is_file()
+    assert "dropped" in journal["rtn_mavg"] and "dropped" not in journal["rtn_mavg005"]
+    assert not list((dist / MAVG).rglob("*.safetensors")) and not list((dist / MAVG).rglob("*.pth"))
+    assert {p.name for p in (dist / MAVG / "results").iterdir()} == {"fakequant-calibration.npz",
+                                                                     "fakequant-validation.npz"}
+    assert (dist / MAVG / "provenance.json").is_file()
+    assert (dist / MAVG / "verification" / "report.json").is_file()
     # the dropped moving-average build, chosen, was rebuilt and every weight file equals what verification saw
-    assert "rtn_mavg: rebuilt, its 7 weight files equal the verified bytes, put back" in output
-    report = json.loads((dist / MAVG / "verification" / "report.json").read_text())["manifest"]
+    assert "rtn_mavg005: rebuilt, its 7 weight files equal the verified bytes, put back" in output
+    report = json.loads((dist / MAVG005 / "verification" / "report.json").read_text())["manifest"]
     weights = [rel for rel in report if rel.endswith((".safetensors", ".pth"))]
     assert len(weights) == 7
     from release.core.io import sha256_file
 
-    assert all(sha256_file(dist / MAVG / rel) == report[rel]["sha256"] for rel in weights)
+    assert all(sha256_file(dist / MAVG005 / rel) == report[rel]["sha256"] for rel in weights)
     assert not (dist / ".campaign-rebuild").exists()
-    for repo in (RTN, MAVG):
+    # every delivered build, and only those, got its deployed results after the selection, before its card
+    for repo in (RTN, MAVG005):
+        assert (dist / repo / "results" / "deployed-validation.npz").is_file()
         assert (dist / repo / "README.md").is_file() and (dist / repo / "README.ko.md").is_file()
-    assert not (dist / MAVG005 / "README.md").exists()
+    assert all(journal[b].get("chosen_evaluated") for b in ("rtn", "rtn_mavg005"))
+    assert not (dist / MAVG / "README.md").exists()
+    card = (dist / MAVG005 / "README.md").read_text()
+    advice = next(line for line in card.splitlines() if line.startswith("Which build to use"))
+    assert "the selection's first pick: rank" in advice and "On deployed, CPU emulation, held-out labs:" in advice
+    tables = json.loads((dist / "tables" / "tables.json").read_text())
+    assert {r["build"] for r in tables["records"] if r["path"] == "deployed"} == {"rtn", "rtn_mavg005"}
 
 
 def _run_until(args: list[str], env: dict[str, str], done: Callable[[], bool], timeout: float = 900) -> None:
@@ -163,10 +173,10 @@ def test_a_rebuild_that_differs_from_the_verified_bytes_is_refused(uninterrupted
     # the chosen build's weights dropped, and its report recording other bytes for one shard
     path = dist / "campaign.json"
     doc = json.loads(path.read_text())
-    doc["builds"]["rtn_mavg"]["dropped"] = [shard]
+    doc["builds"]["rtn_mavg005"]["dropped"] = [shard]
     path.write_text(json.dumps(doc))
-    (dist / MAVG / shard).unlink()
-    report = dist / MAVG / "verification" / "report.json"
+    (dist / MAVG005 / shard).unlink()
+    report = dist / MAVG005 / "verification" / "report.json"
     raw = json.loads(report.read_text())
     raw["manifest"][shard]["sha256"] = "0" * 64
     report.write_text(json.dumps(raw))
@@ -174,8 +184,8 @@ def test_a_rebuild_that_differs_from_the_verified_bytes_is_refused(uninterrupted
     monkeypatch.setenv("RELEASE_CACHE", str(uninterrupted[0].parent / "cache"))
     result = invoke(*_args(small, dist))
     assert result.exit_code == 2, result.output
-    assert f"{shard}: the rebuilt rtn_mavg differs from the bytes its verification saw" in result.output
-    assert "0" * 64 in result.output and not (dist / MAVG / shard).exists()
+    assert f"{shard}: the rebuilt rtn_mavg005 differs from the bytes its verification saw" in result.output
+    assert "0" * 64 in result.output and not (dist / MAVG005 / shard).exists()
 
 
 def _copy(uninterrupted: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, narrowed: Path) -> Path:
@@ -205,17 +215,17 @@ def test_too_little_disk_to_put_a_chosen_build_back_is_refused_before_the_rebuil
 
     dist = _copy(uninterrupted, tmp_path, monkeypatch, narrowed)
     journal = json.loads((dist / "campaign.json").read_text())
-    shards = [rel for rel in json.loads((dist / MAVG / "verification" / "report.json").read_text())["manifest"]
+    shards = [rel for rel in json.loads((dist / MAVG005 / "verification" / "report.json").read_text())["manifest"]
               if rel.endswith(".safetensors")]
-    journal["builds"]["rtn_mavg"]["dropped"] = shards
+    journal["builds"]["rtn_mavg005"]["dropped"] = shards
     (dist / "campaign.json").write_text(json.dumps(journal))
     for rel in shards:
-        (dist / MAVG / rel).unlink()
+        (dist / MAVG005 / rel).unlink()
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
     result = invoke(*_args(small, dist))
     assert result.exit_code == 2, result.output
-    assert "putting back the weights of rtn_mavg needs" in result.output and "0.0 GB are free" in result.output
+    assert "putting back the weights of rtn_mavg005 needs" in result.output and "0.0 GB are free" in result.output
     assert not (dist / ".campaign-rebuild").exists()
 
 

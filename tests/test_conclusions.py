@@ -92,7 +92,7 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Records, dict[st
     release = root / "builds" / "release.yaml"
     text = release.read_text()
     text = text[:text.index("\nselection:")] + text[text.index("\n# The practical floor"):]
-    release.write_text(text.replace("equivalence_margin: compile", "equivalence_margin: 0.02"))
+    release.write_text(text.replace("equivalence_margin: {of_baseline: 0.1}", "equivalence_margin: {sigma: 0.02}"))
     dist = crafted(root, {"deployed-validation": {"rtn": 1.0, "sq_auto": 0.97, "rtn_mavg": 2.0, "gptq": 1.0},
                           "fakequant-calibration": {"rtn": 1.0, "awq": 1.03}}, labs=LABS)
     with pytest.MonkeyPatch.context() as mp:
@@ -100,29 +100,58 @@ def verdicts(tmp_path_factory: pytest.TempPathFactory) -> tuple[Records, dict[st
         return rendered(dist)
 
 
-def test_equivalent_within_the_margin_is_not_lower(verdicts: tuple[Records, dict[str, str], Path]) -> None:
+def test_a_significant_difference_inside_the_margin_says_both(verdicts: tuple[Records, dict[str, str],
+                                                                            Path]) -> None:
+    """sq_auto is lower than RTN (Holm-adjusted p < 0.05) by far less than the margin: the verdict says "lower" and
+    "within +-0.020 sigma" side by side, and each conclusion bullet lists exactly the builds its criterion selects."""
     rows, card, dist = verdicts
     sq = rows[("sq_auto", "deployed", "validation")]
     assert sq["diff_to_baseline"] < 0 and sq["diff_p_corrected"] < 0.05  # a difference the test supports ...
     assert -0.02 < sq["diff_ci_corrected"][0] < sq["diff_ci_corrected"][1] < 0  # ... far inside the margin
-    assert sq["diff_verdict"] == "equivalent" and sq["margin"] == 0.02 and sq["non_inferior"] is True
+    assert sq["diff_verdict"] == "lower" and sq["within_margin"] is True and sq["margin"] == 0.02
+    assert sq["non_inferior"] is True
     ranking = csv(dist, "ranking").set_index("build")
-    assert ranking.loc[SQ_AUTO["en"], "verdict"] == "equivalent"
-    equivalent = {
-        "en": f"{DEPLOYED['en']}, {NVIDIA['en']}: equivalent to {BASELINE['en']} within +-0.020 sigma (the "
-              f"Holm-adjusted 95% CI lies inside the margin): {SQ_AUTO['en']}, {GPTQ['en']}.",
-        "ko": f"{DEPLOYED['ko']}, {NVIDIA['ko']}: {BASELINE['ko']}와 ±0.020σ 안에서 동등한 빌드(Holm 보정 95% CI가 "
-              f"허용 폭 안에 있음): {SQ_AUTO['ko']}, {GPTQ['ko']}."}
-    no_lower = {
-        "en": f"{DEPLOYED['en']}, {NVIDIA['en']}: no build has a lower error than {BASELINE['en']} (exact sign-flip "
-              "test, Holm-adjusted p < 0.05 over m = 3).",
-        "ko": f"{DEPLOYED['ko']}, {NVIDIA['ko']}: {BASELINE['ko']}보다 오차가 낮은 빌드는 없습니다(정확 부호 뒤집기 "
-              "검정, m = 3에 대한 Holm 보정 p < 0.05 기준)."}
-    for lang, label in (("en", "equivalent within the margin"), ("ko", "허용 폭 안에서 동등")):
+    assert ranking.loc[SQ_AUTO["en"], "verdict"] == "lower; within +-0.02"
+    p = f"{sq['diff_p_corrected']:.2g}"
+    lower = {
+        "en": f"{DEPLOYED['en']}, {NVIDIA['en']}: lower error than {BASELINE['en']} (sign-flip test, Holm-adjusted "
+              f"p < 0.05 over m = 3): {SQ_AUTO['en']}.",
+        "ko": f"{DEPLOYED['ko']}, {NVIDIA['ko']}: {BASELINE['ko']}보다 오차가 낮은 빌드(부호 반전 검정, m = 3에 대한 "
+              f"Holm 보정 p < 0.05): {SQ_AUTO['ko']}."}
+    within = {
+        "en": f"{DEPLOYED['en']}, {NVIDIA['en']}: within +-0.020 sigma of {BASELINE['en']} (the Holm-adjusted 95% CI "
+              f"lies inside the margin, the practical floor of `builds/release.yaml`): {SQ_AUTO['en']} (lower, "
+              f"Holm-adjusted p = {p}), {GPTQ['en']}.",
+        "ko": f"{DEPLOYED['ko']}, {NVIDIA['ko']}: {BASELINE['ko']}와의 차이가 ±0.020σ 안에 있는 빌드(Holm 보정 95% "
+              f"CI가 `builds/release.yaml`의 실용 하한인 허용 폭 안에 있음): {SQ_AUTO['ko']}(낮음, Holm 보정 p = "
+              f"{p}), {GPTQ['ko']}."}
+    for lang, label in (("en", "lower, within +-0.020 sigma"), ("ko", "낮음, ±0.020σ 이내")):
         said = conclusions(card[lang])
-        assert equivalent[lang] in said and no_lower[lang] in said, said
-        assert not any(SQ_AUTO[lang] in c and ("lower error than" in c or "낮은 빌드(" in c) for c in said), said
+        assert lower[lang] in said and within[lang] in said, said
         assert row(card[lang], SQ_AUTO[lang], cells=9)[4] == label
+
+
+def test_each_conclusion_lists_exactly_what_its_criterion_selects(verdicts: tuple[Records, dict[str, str],
+                                                                                Path]) -> None:
+    """Every bullet of a family, extracted from the English card, names exactly the builds whose tables.json record
+    meets its criterion: lower / higher (Holm-adjusted p < 0.05, diff_verdict) and within the margin."""
+    rows, card, _ = verdicts
+    titles = {r["title"]: r for r in rows.values()}
+    checked = 0
+    for bullet in conclusions(card["en"]):
+        head, _, listed = bullet.rpartition("): ")
+        if not listed or not head.startswith(DEPLOYED["en"]):
+            continue
+        family = {k: r for k, r in rows.items() if k[1:] == ("deployed", "validation") and r["comparisons"]}
+        if "within +-" in head:
+            wanted = {r["title"] for r in family.values() if r["within_margin"]}
+        else:
+            kind = "lower" if "lower error than" in head else "higher"
+            wanted = {r["title"] for r in family.values() if r["diff_verdict"] == kind}
+        named = {t for t in titles if t in listed}
+        assert named == wanted, (bullet, named, wanted)
+        checked += 1
+    assert checked == 3  # lower, higher and within the margin
 
 
 def test_a_significantly_worse_build_has_a_higher_error(verdicts: tuple[Records, dict[str, str], Path]) -> None:
@@ -140,20 +169,21 @@ def test_a_significantly_worse_build_has_a_higher_error(verdicts: tuple[Records,
         assert row(card[lang], MAVG[lang], cells=9)[4] == label
 
 
-def test_an_identical_build_is_equivalent_within_a_margin(verdicts: tuple[Records, dict[str, str], Path]) -> None:
+def test_an_identical_build_is_within_a_margin(verdicts: tuple[Records, dict[str, str], Path]) -> None:
     """gptq equals RTN: the difference is 0 on every observation, so its interval is [0, 0], inside any margin; the
     attribution finds no observation that moves it."""
     rows, card, _ = verdicts
     gptq = rows[("gptq", "deployed", "validation")]
     assert gptq["diff_to_baseline"] == 0 and gptq["diff_ci_corrected"] == [0, 0] and gptq["diff_p_corrected"] == 1
-    assert gptq["diff_verdict"] == "equivalent" and gptq["attribution"]["diff"] == 0
+    assert gptq["diff_verdict"] == "not shown" and gptq["within_margin"] is True and gptq["attribution"]["diff"] == 0
     for lang, nothing in (("en", "no difference"), ("ko", "차이 없음")):
         assert row(card[lang], GPTQ[lang], cells=5)[2:4] == [nothing, "-"]
 
 
 def test_use_advice_states_the_verdict_and_the_labs(verdicts: tuple[Records, dict[str, str], Path]) -> None:
-    """The delivered build of lowest error on the held-out deployed results is sq_auto: the advice states that it is
-    equivalent to RTN, with the Holm-adjusted figures, and how far leaving one of the 4 labs out moves it."""
+    """Without a selection rule the advice names the delivered build of lowest error on the held-out deployed
+    results, sq_auto, with its verdict against RTN (lower, within the margin), the Holm-adjusted figures, and how
+    far leaving one of the 4 labs out moves it."""
     rows, card, _ = verdicts
     sq = rows[("sq_auto", "deployed", "validation")]
     assert sq["labs"] == 4
@@ -166,25 +196,12 @@ def test_use_advice_states_the_verdict_and_the_labs(verdicts: tuple[Records, dic
     p = f"{sq['diff_p_corrected']:.2g}"
     en, ko = advice(card["en"]), advice(card["ko"])
     assert en.startswith(f"Which build to use: **{SQ_AUTO['en']}** ")
-    assert (f"It is equivalent to {BASELINE['en']} within +-0.020 sigma ({figures}, Holm-adjusted sign-flip p = {p}): "
-            f"{BASELINE['en']} serves as well. These observations come from 4 labs, so a claim about other labs rests "
-            f"on 4 clusters: leaving one lab out at a time, the difference ranges from {by_lab[0]} to {by_lab[1]} "
-            "sigma.") in en, en
+    assert (f"Against {BASELINE['en']}: lower, within +-0.020 sigma ({figures}, Holm-adjusted sign-flip p = {p}). "
+            "These observations come from 4 labs, so a claim about other labs rests on 4 clusters: leaving one lab "
+            f"out at a time, the difference ranges from {by_lab[0]} to {by_lab[1]} sigma.") in en, en
     assert ko.startswith(f"사용할 빌드: **{SQ_AUTO['ko']}** ")
-    assert f"{BASELINE['ko']}와 ±0.020σ 안에서 동등합니다 ({figures}, Holm 보정 부호 뒤집기 p = {p})." in ko, ko
+    assert f"{BASELINE['ko']} 대비: 낮음, ±0.020σ 이내({figures}, Holm 보정 부호 반전 p = {p})." in ko, ko
     assert "랩 4곳에서 나왔으므로" in ko and f"랩을 하나씩 빼면 차이는 {by_lab[0]}σ에서 {by_lab[1]}σ 사이" in ko, ko
-
-
-def test_an_equivalent_build_is_not_said_unsupported_by_holm(verdicts: tuple[Records, dict[str, str],
-                                                                                Path]) -> None:
-    """sq_auto (deployed) and awq (fake quant, 1.03 x RTN's error) differ from RTN with Holm-adjusted p < 0.05 and
-    are equivalent within the margin: no note may say that Holm's correction does not support their difference."""
-    rows, card, _ = verdicts
-    for key in (("sq_auto", "deployed", "validation"), ("awq", "fakequant", "calibration")):
-        assert rows[key]["diff_verdict"] == "equivalent" and rows[key]["diff_p_corrected"] < 0.05
-    said = [line for line in card["en"].splitlines() if "does not support" in line]
-    said += [line for line in card["ko"].splitlines() if "보정으로는" in line and "뒷받침되지 않" in line]
-    assert said == []
 
 
 # an identical build without a margin, and rank agreement -------------------------------------------------------------
@@ -215,12 +232,12 @@ def test_builds_ranked_alike_with_the_permutation_p(ranks: tuple[Records, dict[s
 
 def test_rho_of_zero_is_no_rank_agreement(ranks: tuple[Records, dict[str, str], Path]) -> None:
     _, card, _ = ranks
-    none = {"en": "Fake quant and policy server, FP8 GEMM, held-out labs: no rank agreement shown for the 5 builds "
-                  "they share (Spearman rho = 0.00, n = 5, exact permutation p = 1; agreement is stated from |rho| "
-                  ">= 0.5 with p < 0.05).",
-            "ko": "모의 양자화와 정책 서버, FP8 GEMM, 홀드아웃 랩: 함께 평가한 빌드 5개의 순위 일치가 드러나지 "
-                  "않습니다 (Spearman ρ = 0.00, n = 5, 정확 순열 p = 1; 일치는 |ρ| ≥ 0.5이고 p < 0.05일 때만 "
-                  "말합니다)."}
+    none = {"en": "Fake quant and policy server, FP8 GEMM, held-out labs: too few builds for a rank test short of a "
+                  "perfect agreement (Spearman rho = 0.00, n = 5, exact permutation p = 1; with 5 builds only rho = "
+                  "+-1 reaches p < 0.05).",
+            "ko": "모의 양자화와 정책 서버, FP8 GEMM, 홀드아웃 랩: 빌드가 적어서 순위가 완전히 일치할 때만 순위 "
+                  "검정으로 일치를 보일 수 있습니다 (Spearman ρ = 0.00, n = 5, 정확 순열 p = 1; 빌드 5개로는 ρ = "
+                  "±1만 p < 0.05에 이릅니다)."}
     for lang in LANGS:
         assert none[lang] in conclusions(card[lang]), conclusions(card[lang])
         assert not any(("policy server" in c and "alike" in c) or ("정책 서버" in c and "비슷합니다" in c)
@@ -240,23 +257,25 @@ def test_undefined_rho_is_never_alike(ranks: tuple[Records, dict[str, str], Path
                        for c in said), said
 
 
-def test_an_identical_build_without_a_margin_shows_no_difference(ranks: tuple[Records, dict[str, str], Path]) -> None:
-    """On all labs every build equals RTN and there is no margin: each difference is 0 with p = 1, "no difference
-    shown" (not lower, higher or equivalent), and the attribution says "no difference"."""
+def test_identical_builds_show_no_difference_and_lie_within_the_default_margin(
+        ranks: tuple[Records, dict[str, str], Path]) -> None:
+    """On all labs every build equals RTN: each difference is 0 with p = 1, "no difference shown" (not lower or
+    higher), inside the default margin (10% of RTN's error there), and the attribution says "no difference"."""
     rows, card, _ = ranks
-    sq = rows[("sq_auto", "deployed", "all")]
+    sq, rtn = rows[("sq_auto", "deployed", "all")], rows[("rtn", "deployed", "all")]
     assert sq["diff_to_baseline"] == 0 and sq["diff_p"] == sq["diff_p_corrected"] == 1
-    assert sq["margin"] is None and sq["diff_verdict"] == "not shown" and sq["non_inferior"] is None
+    assert sq["margin"] == pytest.approx(0.1 * rtn["overall_sigma"]) and sq["diff_verdict"] == "not shown"
+    assert sq["within_margin"] is True
     no_lower = {"en": f"{DEPLOYED_ALL['en']}, {NVIDIA['en']}: no build has a lower error than {BASELINE['en']} "
-                      "(exact sign-flip test, Holm-adjusted p < 0.05 over m = 4).",
+                      "(sign-flip test, Holm-adjusted p < 0.05 over m = 4).",
                 "ko": f"{DEPLOYED_ALL['ko']}, {NVIDIA['ko']}: {BASELINE['ko']}보다 오차가 낮은 빌드는 없습니다"}
-    for lang, shown, nothing in (("en", "no difference shown", "no difference"),
-                                 ("ko", "차이 드러나지 않음", "차이 없음")):
+    for lang, shown, nothing in (("en", "no difference shown, within", "no difference"),
+                                 ("ko", "차이 드러나지 않음, ±", "차이 없음")):
         said = conclusions(card[lang])
         family = [c for c in said if c.startswith(DEPLOYED_ALL[lang])]
-        assert len(family) == 1 and family[0].startswith(no_lower[lang]), said  # nothing lower, higher, equivalent
+        assert len(family) == 2 and family[0].startswith(no_lower[lang]), said  # nothing lower or higher
         table = section(card[lang], DEPLOYED_ALL[lang])
-        assert row(table, SQ_AUTO[lang], cells=9)[4] == shown
+        assert row(table, SQ_AUTO[lang], cells=9)[4].startswith(shown)
         assert row(table, SQ_AUTO[lang], cells=5)[2:4] == [nothing, "-"]
 
 

@@ -61,12 +61,13 @@ def use_code(readme: str) -> str:
     return str(code)
 
 
-def run_as_a_user(code: str, hub: FakeHub, tiny: Path, home: Path) -> subprocess.CompletedProcess[str]:
-    """``code`` then the checks, in a new interpreter: an empty HF_HOME, the Hub at the local server, no token."""
+def run_as_a_user(code: str, hub: FakeHub, tiny: Path, home: Path,
+                  checks: str = CHECKS) -> subprocess.CompletedProcess[str]:
+    """``code`` then ``checks``, in a new interpreter: an empty HF_HOME, the Hub at the local server, no token."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGING_FACE_", "RELEASE_"))}
     env.update(HF_HOME=str(home), HF_ENDPOINT=hub.url, HF_HUB_DISABLE_XET="1", HF_HUB_DISABLE_TELEMETRY="1",
                PYTHONPATH=str(ROOT), RELEASE_CACHE=str(home.parent / "release-cache"))
-    script = code + f"\nOBSERVATIONS = {str(tiny / 'observations')!r}\n" + textwrap.dedent(CHECKS)
+    script = code + f"\nOBSERVATIONS = {str(tiny / 'observations')!r}\n" + textwrap.dedent(checks)
     return subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           check=False, timeout=600)
 

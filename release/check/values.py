@@ -170,7 +170,7 @@ def check_values(folder: Path, source: Path, source_tensors: dict[str, torch.Ten
         codes_text = f"codes equal a recomputation from the source, within {worst:.2f} FP8 steps of the {smoothed}" \
             "source weight"
     summary = (f"{len(fp8)} FP8 weights with {scheme}, {codes_text}; other tensors equal the source"
-               f"{f' except {folded} norms / up_proj with folded smoothing' if folded else ''}")
+               f"{f' except {folded} norms with folded smoothing' if folded else ''}")
     return Check("values", status_of(not problems), summary if not problems else problems[0], details)
 
 

@@ -161,6 +161,8 @@ def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str 
 @BUILDS
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_builds", is_flag=True, help="Evaluate the sweep of builds/release.yaml (as build --all).")
+@click.option("--chosen", is_flag=True, help="Evaluate the builds the release delivers (selection.json's choice, with "
+              "release.yaml's overrides), as the campaign does after 'release select'.")
 @click.option("--path", "path_", type=click.Choice(["fakequant", "deployed", "served"]), default="fakequant",
               show_default=True, help="fakequant: the seed's offline replay; deployed: diffusers with ModelOpt's FP8 "
               "GEMM; served: as NVIDIA's policy server runs it (TorchAO, the 'served' extra).")
@@ -180,9 +182,9 @@ def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str 
 @click.option("--external-title", default="published NVIDIA FP8", show_default=True,
               help="The row's title in the tables and cards.")
 @max_gpu_memory_option
-def eval_(names: tuple[str, ...], all_builds: bool, path_: str, split: str, dist: Path, source: Path | None,
-          w8a16_first: int | None, w8a16_last: int | None, observations: Path | None, yardsticks: bool,
-          external: str | None, external_title: str, max_gpu_memory: str | None) -> None:
+def eval_(names: tuple[str, ...], all_builds: bool, chosen: bool, path_: str, split: str, dist: Path,
+          source: Path | None, w8a16_first: int | None, w8a16_last: int | None, observations: Path | None,
+          yardsticks: bool, external: str | None, external_title: str, max_gpu_memory: str | None) -> None:
     """Replay the policy for BF16 and each build on the same seeds; store the action chunks."""
     from release.core.memory import set_cap
     from release.measure.evaluate import EvalRequest, describe, run_eval
@@ -190,7 +192,7 @@ def eval_(names: tuple[str, ...], all_builds: bool, path_: str, split: str, dist
     set_cap(max_gpu_memory)
 
     request = EvalRequest.create(names, path_, split, dist, source, observations, yardsticks, all_builds,
-                                 external, external_title, (w8a16_first, w8a16_last))
+                                 external, external_title, (w8a16_first, w8a16_last), chosen=chosen)
     for out in run_eval(request):
         click.echo(f"results: {out} ({describe(out)})")
 

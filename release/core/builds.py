@@ -15,8 +15,9 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from release.core.config import BUILD_NAME, BUILD_NAME_RULE, BuildConfig, ReleaseConfig, builds_dir
+from release.core.config import BuildConfig, ReleaseConfig, builds_dir
 from release.core.errors import ReleaseError
+from release.core.rules import BUILD_NAME, BUILD_NAME_RULE
 
 RELEASE_NOTES = "RELEASES.md"  # beside release.yaml: one section of release notes per release version
 

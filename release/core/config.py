@@ -12,16 +12,21 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from release.core.errors import ReleaseError
+from release.core.rules import (
+    Campaign,
+    Margin,
+    Selection,
+    Strict,
+    margin_value,
+    unique_build_names,
+)
 
 SOURCE_ENV = "RELEASE_SOURCE"
 BUILDS_ENV = "RELEASE_BUILDS"
@@ -47,11 +52,7 @@ NANO_QUANTIZED = [
 ]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class License(_Strict):
+class License(Strict):
     id: str = "other"
     name: str
     link: str
@@ -70,7 +71,7 @@ def hub_name(value: str, kind: Literal["org", "repo"]) -> str:
     return value
 
 
-class Override(_Strict):
+class Override(Strict):
     """A release that delivers otherwise than its selection chose: ``deliver: true`` publishes a build the rule did
     not choose, ``deliver: false`` withholds one it chose; the reason is printed on the cards."""
 
@@ -85,7 +86,7 @@ class Override(_Strict):
         return v.strip()
 
 
-class PolicySettings(_Strict):
+class PolicySettings(Strict):
     """How the joint-position DROID policy is rolled out (domain notes §4)."""
 
     steps: int = Field(4, ge=1, le=100)
@@ -101,7 +102,7 @@ class PolicySettings(_Strict):
                              "hold beyond one noise draw (K times the rollouts)")
 
 
-class StepPolicy(_Strict):
+class StepPolicy(Strict):
     """The policy server's step policy, as ``release eval --path served`` runs it: step ``i`` of ``n`` runs W8A16
     (the weight dequantized to BF16, a BF16 matmul) when ``i < w8a16_first_steps`` or ``i >= n -
     w8a16_last_steps`` (cosmos-framework's ``mixed_precision_first_steps`` and ``mixed_precision_last_steps``), every
@@ -115,81 +116,7 @@ class StepPolicy(_Strict):
         return "W8A16" if w8a16 else "W8A8"
 
 
-BUILD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")  # a build file's stem: builds/<name>.yaml
-BUILD_NAME_RULE = "letters, digits, '_' and '-', at most 64 characters"
-
-
-def _unique_build_names(names: list[str], field: str) -> list[str]:
-    for name in names:
-        if not BUILD_NAME.fullmatch(name):
-            raise ValueError(f"{name!r} is not a build name (the stem of a file in builds/: {BUILD_NAME_RULE})")
-    repeated = next((n for i, n in enumerate(names) if n in names[:i]), None)
-    if repeated is not None:
-        raise ValueError(f"{repeated!r} is listed twice in '{field}'; list each build once")
-    return names
-
-
-class Selection(_Strict):
-    """The selection rule of the release (``release select``): every candidate scored on one path and split, then
-    ranked by its own gate (from its build file, as ``release tables`` computed it), the lowest overall sigma, the
-    ``tie_break`` metrics in order, and last its place in ``candidates``. ``always`` builds are chosen whatever their
-    scores (the reference); ``count`` more are chosen from the top of the ranking among those that pass their gate.
-    A candidate may name a build that is not defined or not evaluated yet: it is listed as not evaluated and cannot
-    be chosen by rank."""
-
-    candidates: list[str] = Field(min_length=1)
-    path: Literal["fakequant", "deployed", "served"] = "fakequant"
-    split: Literal["calibration", "validation", "all"] = "calibration"
-    tie_break: list[Literal["gripper_agree", "joint_mae_deg"]] = ["gripper_agree", "joint_mae_deg"]
-    always: list[str] = []
-    count: int = Field(1, ge=1, description="builds chosen by rank, besides 'always'")
-
-    @field_validator("candidates", "always")
-    @classmethod
-    def _names(cls, v: list[str], info: ValidationInfo) -> list[str]:
-        return _unique_build_names(v, str(info.field_name))
-
-    @field_validator("tie_break")
-    @classmethod
-    def _tie_break(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("a metric is listed twice in 'tie_break'; list each once")
-        return v
-
-    @model_validator(mode="after")
-    def _always_are_candidates(self) -> Selection:
-        outside = [n for n in self.always if n not in self.candidates]
-        if outside:
-            raise ValueError(f"'always' names {outside[0]!r}, which is not in 'candidates'; add it there (the "
-                             "ranking lists every chosen build)")
-        return self
-
-
-class CampaignEval(_Strict):
-    """One evaluation of ``release campaign``: every build of ``builds`` (default: the whole sweep) on ``path`` and
-    ``split``, as ``release eval`` would run it; a build named here that the sweep leaves out is not made, so not
-    evaluated."""
-
-    path: Literal["fakequant", "deployed", "served"]
-    split: Literal["calibration", "validation", "all"]
-    builds: list[str] | None = None
-
-    @field_validator("builds")
-    @classmethod
-    def _builds(cls, v: list[str] | None) -> list[str] | None:
-        return None if v is None else _unique_build_names(v, "builds")
-
-
-class Campaign(_Strict):
-    """What ``release campaign`` evaluates after each build is made and verified (default: the selection's path and
-    split, the least the selection needs), and the splits of its BF16 yardsticks (eager vs torch.compile, seed vs
-    seed)."""
-
-    evals: list[CampaignEval] = Field([], description="default: the selection's path and split for every build")
-    yardsticks: list[Literal["calibration", "validation", "all"]] = []
-
-
-class ReleaseConfig(_Strict):
+class ReleaseConfig(Strict):
     version: str = Field(description="the version of this release of the checkpoints (not of the tool): tag "
                          "v<version>, release notes in RELEASES.md")
     base_model: str
@@ -202,7 +129,7 @@ class ReleaseConfig(_Strict):
                                              "metadata; 'languages' are the cards' own")
     library_name: str = Field("cosmos", description="the Hub's library tag: 'cosmos' as the seed card, since the "
                               "Hub's 'diffusers' snippet would skip ModelOpt's restore (builds/release.yaml)")
-    tags: list[str] = []
+    tags: list[str] = Field(default_factory=list)
     repos: dict[str, str] = Field(min_length=1, description="build -> Hub repo name, for every build that may be "
                                   "delivered; which are delivered is the selection's choice (selection.json)")
     override: dict[str, Override] = Field({}, description="build -> deliver: true|false and a reason: a release "
@@ -210,14 +137,14 @@ class ReleaseConfig(_Strict):
     policy: PolicySettings = PolicySettings()
     served_steps: StepPolicy = Field(StepPolicy(), description="the policy server's step policy that 'release eval "
                                      "--path served' runs (W8A16 on the first and last steps, W8A8 between)")
-    calibration_labs: list[str] = []
-    heldout_labs: list[str] = []
+    calibration_labs: list[str] = Field(default_factory=list)
+    heldout_labs: list[str] = Field(default_factory=list)
     action_stats: str = Field("action_stats.json", description="per-dimension action sigma, in the observation set")
     selection: Selection | None = None
-    equivalence_margin: Literal["compile"] | Annotated[float, Field(gt=0)] = Field(
-        "compile", description="the practical floor of a difference to the baseline, in sigma: 'compile' (the "
-        "overall error of BF16 eager vs BF16 torch.compile on the same split, the tables' yardstick) or a number. "
-        "A build whose Holm-adjusted interval lies within +-margin is 'equivalent', not 'lower' or 'higher'")
+    equivalence_margin: Annotated[Margin, BeforeValidator(margin_value)] = Field(
+        Margin(), description="the practical floor of a difference to the baseline: {sigma: S} or {of_baseline: F} "
+        "(F times the baseline's overall error on the same path and split; default 0.1). 'within +-margin' is stated "
+        "beside a verdict, never instead of it")
     sweep: list[str] = Field([], description="the builds 'release build --all' makes, in the campaign's order "
                              "(default: every build file)")
     campaign: Campaign = Campaign()
@@ -225,12 +152,12 @@ class ReleaseConfig(_Strict):
     @field_validator("sweep")
     @classmethod
     def _sweep(cls, v: list[str]) -> list[str]:
-        return _unique_build_names(v, "sweep")
+        return unique_build_names(v, "sweep")
 
     @field_validator("repos")
     @classmethod
     def _repos(cls, v: dict[str, str]) -> dict[str, str]:
-        _unique_build_names(list(v), "repos")
+        unique_build_names(list(v), "repos")
         for repo in v.values():
             hub_name(repo, "repo")
         twice = next((r for i, r in enumerate(v.values()) if r in list(v.values())[:i]), None)
@@ -261,7 +188,7 @@ class ReleaseConfig(_Strict):
         return hub_name(v, "org")
 
 
-class SmoothQuant(_Strict):
+class SmoothQuant(Strict):
     """SmoothQuant folded into the preceding norms (and into ``up_proj`` for ``down_proj``)."""
 
     alpha: Literal["auto"] | Annotated[float, Field(ge=0.0, le=1.0)] = "auto"
@@ -277,14 +204,14 @@ class SmoothQuant(_Strict):
         raise ValueError(f"alpha must be 'auto' or a number in 0..1, got {v!r}")
 
 
-class Awq(_Strict):
+class Awq(Strict):
     """AWQ's activation-aware scales (s = mean|x|^alpha, normalised), alpha on a grid, folded like SmoothQuant."""
 
     n_grid: int = Field(20, ge=1, le=1000, description="alpha grid: 0, 1/n, ..., (n - 1)/n (AWQ's default 20)")
     fold_up_down: bool = True
 
 
-class Gptq(_Strict):
+class Gptq(Strict):
     """ModelOpt's GPTQ (``algorithm: {method: gptq}``) on the scheme's FP8 quantizers."""
 
     perc_damp: float = Field(0.01, gt=0, le=1, description="damping, a share of the mean Hessian diagonal")
@@ -293,7 +220,7 @@ class Gptq(_Strict):
                             "from the outputs of the layers before it, already quantized")
 
 
-class AutoRound(_Strict):
+class AutoRound(Strict):
     """AutoRound. ``tuning: none`` reproduces the seed's FP8 builds: its quantizer tuned only INT, UINT and NVFP4
     weights, so the FP8 codes stay round-to-nearest, and the step's effect is the activation calibration that
     follows (here: ModelOpt's layer-by-layer max calibration, each layer seeing the quantized outputs of the layers
@@ -312,12 +239,12 @@ SECTIONS = {"smoothquant": SmoothQuant, "awq": Awq, "gptq": Gptq, "autoround": A
 Scheme = Literal["fp8_w8a8_per_tensor_static", "fp8_per_channel_per_token"]
 
 
-class Gate(_Strict):
+class Gate(Strict):
     overall_sigma: float = Field(0.13, gt=0)
     gripper_change_rate: float = Field(0.005, ge=0, le=1)
 
 
-class Calibrator(_Strict):
+class Calibrator(Strict):
     """How the static input scales are calibrated from the calibration calls."""
 
     method: Literal["max", "moving_average", "histogram", "range_shrink"] = "max"
@@ -348,7 +275,7 @@ def _localized(value: Any) -> Any:
 Localized = Annotated[str | dict[str, str], BeforeValidator(_localized)]
 
 
-class BuildConfig(_Strict):
+class BuildConfig(Strict):
     name: str
     title: Localized
     repo: str

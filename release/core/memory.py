@@ -201,3 +201,16 @@ def state_dict(model: torch.nn.Module) -> dict[str, Any]:
     if placement is None:
         return state
     return {k: placement.copies[k] if v.device.type == "meta" else v for k, v in state.items()}
+
+
+def resident_bytes(model: torch.nn.Module) -> int:
+    """The bytes of a loaded model's parameters and buffers (each storage once): its weight memory as loaded,
+    measured on any device (on a CPU, the only memory figure the deployed evaluation has)."""
+    seen: dict[int, int] = {}
+    for tensor in (*model.parameters(), *model.buffers()):
+        try:
+            storage = tensor.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # a tensor subclass without one storage (TorchAO's FP8 tensors)
+            seen[id(tensor)] = tensor.numel() * tensor.element_size()
+    return sum(seen.values())

@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from release.core.config import BUILD_NAME
 from release.core.errors import ReleaseError
 from release.core.io import read_json
+from release.core.rules import BUILD_NAME
 
 
 class _Record(BaseModel):

@@ -29,6 +29,7 @@ from release.core.config import BuildConfig, PolicySettings, ReleaseConfig, Step
 from release.core.conformance import POLICY_SERVER
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, parse_json, replacing, write_json
+from release.core.memory import resident_bytes
 from release.core.output import info, progress
 from release.core.profile import device_name, stage
 from release.core.provenance import read_provenance
@@ -36,18 +37,22 @@ from release.inputs.observations import Observation, action_sigma, load_observat
 from release.inputs.source import load_transformer, recalled_inputs, resolve_source, source_revision
 from release.measure.layout import EXTERNAL, EXTERNAL_TITLE, PERF, RESULTS, YARDSTICKS, as_external, external_name
 from release.quantize.load import deployed_transformer, fakequant_transformer
-from release.quantize.served import served_kernel, served_transformer, torchao_version
+from release.quantize.served import ran_steps, served_kernel, served_transformer, torchao_version
 
 Path_ = Literal["fakequant", "deployed", "served"]
 Split = Literal["calibration", "validation", "all"]
 HOW = ".how.json"  # beside a cached rollout: the machine, versions, FP8 GEMM kernel, GEMM shapes, CUDA graphs or not
-SEEDS_YARDSTICK = (4, 4)  # observations x seeds
+SEEDS_YARDSTICK = (6, 4)  # observations x seeds; 6 observations: the fewest with an interval (min_observations)
 # The emulation's arithmetic: Hopper's fast accumulation (zero codes, row-wise); the deployed input times fp32(1/s)
 # as ModelOpt's compiled quantizer computes it (since /6; before: the quotient), the served one divided.
 EMULATION = "fp8-gemm-emulation/6"
 # The served path reads the stored weight_scale / input_scale, which a GPU build writes as amax x fp32(1/448) since
 # release.core.fp8.serving_scale (before: the CPU's quotient); its rollouts cached before that are not reused.
 STORED_SCALES = "stored-scales/2"
+# diffusers' step policy off: a candidate runs W8A8 on every step (served: its StepSchedule's), the card's diffusers
+# setting. Since steps/1 fake-quant and deployed rollouts record each step's mode; those cached before are not reused.
+NATIVE_STEPS = {"mixed_precision_format": "none"}
+STEPS_RECORDED = "steps/1"
 
 
 @dataclass(frozen=True)
@@ -83,16 +88,18 @@ class EvalRequest:
     def create(cls, names: tuple[str, ...], path: str, split: str, dist: Path, source: str | Path | None,
                observations: Path | None, yardsticks: bool, all_builds: bool = False,
                external: str | None = None, external_title: str = EXTERNAL_TITLE,
-               w8a16_steps: tuple[int | None, int | None] = (None, None)) -> EvalRequest:
+               w8a16_steps: tuple[int | None, int | None] = (None, None), chosen: bool = False) -> EvalRequest:
         from release.core.builds import available_builds
         from release.inputs.source import resolve_checkpoint, source_identity
+        from release.measure.select import delivered
 
         release = load_release()
         if all_builds:
             names = tuple(release.sweep or available_builds())
+        names = (*names, *(delivered(release, dist, "release eval --chosen") if chosen else []))
         if not names and external is None:
-            raise ReleaseError(f"name at least one build ({', '.join(available_builds())}), pass --all, or "
-                               "--external CHECKPOINT")
+            raise ReleaseError(f"name at least one build ({', '.join(available_builds())}), pass --all or --chosen, "
+                               "or --external CHECKPOINT")
         subjects = []
         for b in (load_build(n) for n in dict.fromkeys(names)):
             if not (dist / b.repo).is_dir():
@@ -173,6 +180,7 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
                 capturable(pipe.transformer)  # the BF16 source; a deployed build's maker marks its own
             graphed = graph_decoder_stack(pipe.transformer) is not None
             gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
+            resident = resident_bytes(pipe.transformer)  # its weight memory as loaded, on any device
             schedule = getattr(pipe.transformer, "step_schedule", None)  # a served build's W8A8 / W8A16 per step
             for i in todo:
                 settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
@@ -184,7 +192,8 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
                 write_json(paths[i].with_suffix(HOW), {
                     **machine(), "kernel": None if gemms is None else gemms.kernel,
                     "gemm_shapes": [] if gemms is None else sorted(gemms.shapes), "graphs": graphed,
-                    **({} if schedule is None else {"steps": schedule.ran, "torchao": schedule.torchao})})
+                    "weights_bytes": resident,
+                    **ran_steps(pipe, pipe_kwargs)})
                 if measure.peak_bytes is not None:  # before the actions: cached actions on a GPU have their figures
                     write_json(paths[i].with_suffix(PERF), {"seconds": measure.seconds, "peak_bytes":
                                                             measure.peak_bytes, "device": device_name(),
@@ -231,9 +240,11 @@ def computation(request: EvalRequest, label: str, observations: list[Observation
     device, torch_version, cuda, kernel, _ = kinds.pop()
     shapes = sorted({tuple(s) for r in records for s in r.get("gemm_shapes", [])})
     # the served path's modes per step and TorchAO's version
-    steps = {} if records[0].get("steps") is None else {"steps": records[0]["steps"], "torchao": records[0]["torchao"]}
+    steps = {k: records[0][k] for k in ("steps", "torchao") if records[0].get(k) is not None}
+    resident = {r.get("weights_bytes") for r in records}  # one load's: rollouts cached by an older eval have none
+    weights = {"weights_bytes": resident.pop()} if len(resident) == 1 and None not in resident else {}
     return {"device": device, "torch": torch_version, "cuda": cuda, "kernel": kernel,
-            "gemm_shapes": [list(s) for s in shapes], **steps}
+            "gemm_shapes": [list(s) for s in shapes], **steps, **weights}
 
 
 def performance(request: EvalRequest, label: str, observations: list[Observation],
@@ -321,7 +332,7 @@ def _label(request: EvalRequest, subject: Subject) -> str:
     key is its revision."""
     build = subject.build
     steps = request.steps
-    served = "" if request.path != "served" else \
+    served = f":{STEPS_RECORDED}" if request.path != "served" else \
         f":{steps.w8a16_first_steps}-{steps.w8a16_last_steps}:torchao-{torchao_version()}:{STORED_SCALES}:" \
         f"{served_kernel()}"
     if subject.revision is not None:
@@ -347,14 +358,11 @@ def _candidate(request: EvalRequest, subject: Subject, label: str, obs: list[Obs
                seeds: list[int]) -> np.ndarray:
     if request.path == "fakequant":
         make = functools.partial(fakequant_transformer, request.source, subject.checkpoint, subject.build)
-        return rollouts(request, label, make, obs, seeds, {})
-    # diffusers' own step policy off: the deployed path runs W8A8 on every step, as the seed's server served it; the
-    # served path's steps follow its StepSchedule
-    native = {"mixed_precision_format": "none"}
-    if request.path == "served":
+    elif request.path == "served":
         make = functools.partial(served_transformer, subject.checkpoint, request.steps, request.release.policy.steps)
-        return rollouts(request, label, make, obs, seeds, native)
-    return rollouts(request, label, functools.partial(deployed_transformer, subject.checkpoint), obs, seeds, native)
+    else:
+        make = functools.partial(deployed_transformer, subject.checkpoint)
+    return rollouts(request, label, make, obs, seeds, NATIVE_STEPS)
 
 
 def roll_out(request: EvalRequest, splits: list[str]) -> None:
@@ -381,6 +389,8 @@ def run_eval(request: EvalRequest) -> list[Path]:
         candidate = _candidate(request, subject, label, obs, seeds)
         out = subject.results / RESULTS / f"{request.path}-{request.split}.npz"
         computed = computation(request, label, obs, seeds)
+        bf16 = computation(request, "bf16", obs, seeds).get("weights_bytes")
+        computed |= {} if bf16 is None or "weights_bytes" not in computed else {"bf16_weights_bytes": bf16}
         save_results(out, reference, candidate, obs, seeds, sigma, computed)
         speed = {"bf16": performance(request, "bf16", obs, seeds), "build": performance(request, label, obs, seeds)}
         if world().main and None not in speed.values():  # rollouts on a GPU: their latency and memory beside them

@@ -21,9 +21,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from release.core.builds import load_build, load_release
-from release.core.config import Override, ReleaseConfig, Selection, builds_dir
+from release.core.config import Override, ReleaseConfig, builds_dir
 from release.core.errors import GateError, ReleaseError
 from release.core.io import build_date, output_folder, read_json, sha256_file, write_json
+from release.core.rules import Selection
 from release.measure.stability import SKIPPED, TIE_BREAK_SIGN, Entry, Skipped, Stability, bootstrap, read_sums
 from release.measure.stats import gate_failures
 
@@ -59,10 +60,12 @@ class GateResult(_Doc):
     """The candidate's own gate: the verdict of ``release tables`` and the criteria it fails, with its build file's
     limits (the gripper limit in changes: the rate times the steps)."""
 
-    passed: bool
-    failed: list[Literal["overall_sigma", "gripper_changes"]]
+    passed: bool  # by the rule's gate: 'point' (the figures within the limits) or 'interval' (their 95% intervals)
+    failed: list[Literal["overall_sigma", "gripper_changes", "within_noise"]]  # within_noise: 'interval' only
     overall_sigma_limit: float
     gripper_changes_limit: float
+    # a limit lies inside the 95% interval of its figure, so the verdict could go either way (None: no intervals)
+    within_noise: bool | None = None
 
 
 class Candidate(_Doc):
@@ -74,7 +77,7 @@ class Candidate(_Doc):
     scores: Scores | None
     gate: GateResult | None
     not_evaluated: Literal["no_build_file", "no_results"] | None
-    evaluated_on: list[str]  # the other "path/split" of its results
+    evaluated_on: list[str]  # every "path/split" of its results
 
     @model_validator(mode="after")
     def _evaluated_or_why_not(self) -> Candidate:
@@ -84,6 +87,16 @@ class Candidate(_Doc):
         if self.not_evaluated is not None and evaluated != (None, None, None):
             raise ValueError("a candidate that was not evaluated has no 'rank', 'scores' or 'gate'")
         return self
+
+
+class Elsewhere(_Doc):
+    """The rule applied to another split of its path: the evaluated candidates in ranking order, the builds it would
+    choose, and whether that choice (the set, and the first pick by rank) is the selection's."""
+
+    split: Literal["calibration", "validation", "all"]
+    ranking: list[str]
+    chosen: list[str]
+    agrees: bool
 
 
 class SelectionDoc(_Doc):
@@ -101,6 +114,8 @@ class SelectionDoc(_Doc):
     # file written before it was recorded (neither field: such a file still reads, and the card omits the figures)
     stability: Stability | None = None
     stability_skipped: Skipped | None = None
+    # the same rule on the other splits of its path, beside the choice (the card says when they disagree)
+    elsewhere: list[Elsewhere] = []
 
     @model_validator(mode="after")
     def _stability_or_why_not(self) -> SelectionDoc:
@@ -160,26 +175,30 @@ def _scores(path: Path, record: dict[str, Any]) -> Scores:
         raise _record_error(path, record, str(err["loc"][0]), err["msg"]) from exc
 
 
-def _gate(path: Path, record: dict[str, Any], scores: Scores) -> GateResult:
-    """The candidate's gate: the verdict of ``release tables`` and why, against its build file's limits."""
+def _gate(path: Path, record: dict[str, Any], scores: Scores, rule: Selection) -> GateResult:
+    """The candidate's gate: the verdict of ``release tables`` and why, against its build file's limits; under
+    ``gate: interval`` a pass within noise (or without an interval) fails as ``within_noise``."""
     name = record["build"]
     file = builds_dir() / f"{name}.yaml"
     if not file.is_file():
         raise ReleaseError(f"{path}: has results for build {name!r} but {file} is missing; restore the build file or "
                            "rerun 'release tables'")
-    if not isinstance(record.get("gate"), bool):
-        raise _record_error(path, record, "gate", "must be true or false")
+    for field in ("gate", "gate_within_noise"):
+        if not isinstance(record.get(field), bool) and not (field == "gate_within_noise" and record.get(field) is None):
+            raise _record_error(path, record, field, "must be true or false" + (" or null" if "noise" in field else ""))
     limits = load_build(name).gate
-    failed = gate_failures(scores.overall_sigma, scores.gripper_changes, scores.n_steps, limits.overall_sigma,
-                           limits.gripper_change_rate)
-    result = GateResult(passed=record["gate"], failed=failed, overall_sigma_limit=limits.overall_sigma,
-                        gripper_changes_limit=limits.gripper_change_rate * scores.n_steps)
-    if result.passed != (not failed):
-        raise ReleaseError(f"{path}: the gate of build {name!r} ({'pass' if result.passed else 'fail'}) disagrees "
-                           f"with the limits in {file} (overall <= {result.overall_sigma_limit:g}, gripper changes "
-                           f"<= {result.gripper_changes_limit:g}); the tables are older than the build file: rerun "
-                           "'release tables'")
-    return result
+    failed: list[Any] = gate_failures(scores.overall_sigma, scores.gripper_changes, scores.n_steps,
+                                      limits.overall_sigma, limits.gripper_change_rate)
+    if record["gate"] != (not failed):
+        raise ReleaseError(f"{path}: the gate of build {name!r} ({'pass' if record['gate'] else 'fail'}) disagrees "
+                           f"with the limits in {file} (overall <= {limits.overall_sigma:g}, gripper changes <= "
+                           f"{limits.gripper_change_rate * scores.n_steps:g}); the tables are older than the build "
+                           "file: rerun 'release tables'")
+    noise = record.get("gate_within_noise")
+    if rule.gate == "interval" and not failed and noise is not False:
+        failed.append("within_noise")
+    return GateResult(passed=not failed, failed=failed, overall_sigma_limit=limits.overall_sigma,
+                      gripper_changes_limit=limits.gripper_change_rate * scores.n_steps, within_noise=noise)
 
 
 def rank(rule: Selection, records: list[dict[str, Any]], path: Path) -> tuple[list[Candidate], list[str]]:
@@ -188,8 +207,7 @@ def rank(rule: Selection, records: list[dict[str, Any]], path: Path) -> tuple[li
     here = {r["build"]: r for r in records if (r["path"], r["split"]) == (rule.path, rule.split)}
     elsewhere: dict[str, list[str]] = {}
     for r in records:
-        if (r["path"], r["split"]) != (rule.path, rule.split):
-            elsewhere.setdefault(r["build"], []).append(f"{r['path']}/{r['split']}")
+        elsewhere.setdefault(r["build"], []).append(f"{r['path']}/{r['split']}")
     scored: list[tuple[str, int, Scores, GateResult]] = []
     others: list[tuple[str, int]] = []
     for position, name in enumerate(rule.candidates, start=1):
@@ -198,7 +216,7 @@ def rank(rule: Selection, records: list[dict[str, Any]], path: Path) -> tuple[li
             others.append((name, position))
         else:
             scores = _scores(path, record)
-            scored.append((name, position, scores, _gate(path, record, scores)))
+            scored.append((name, position, scores, _gate(path, record, scores, rule)))
 
     def key(item: tuple[str, int, Scores, GateResult]) -> tuple[Any, ...]:
         _, position, s, g = item
@@ -251,9 +269,30 @@ def run_select(request: SelectRequest) -> SelectionDoc:
     doc = SelectionDoc(format=FORMAT, date=datetime.fromisoformat(build_date()), rule=request.rule,
                        tables_sha256=sha256_file(request.tables), candidates=candidates, chosen=chosen,
                        stability=stability if isinstance(stability, Stability) else None,
-                       stability_skipped=None if isinstance(stability, Stability) else stability)
+                       stability_skipped=None if isinstance(stability, Stability) else stability,
+                       elsewhere=other_splits(request.rule, records, request.tables, chosen))
     write_json(request.out, doc.model_dump(mode="json"))
     return doc
+
+
+def first_pick(chosen: list[str], rule: Selection) -> str | None:
+    """The rule's first pick: its best-ranked build chosen by rank (the ``always`` builds are chosen whatever their
+    scores), None when no candidate passes its gate."""
+    return next((n for n in chosen if n not in rule.always), None)
+
+
+def other_splits(rule: Selection, records: list[dict[str, Any]], path: Path, chosen: list[str]) -> list[Elsewhere]:
+    """The rule on each other split of its path that has results, and whether it agrees with ``chosen``."""
+    out = []
+    for split in ("calibration", "validation", "all"):
+        if split == rule.split or not any((r["path"], r["split"]) == (rule.path, split) for r in records):
+            continue
+        there = rule.model_copy(update={"split": split})
+        candidates, picked = rank(there, records, path)
+        agrees = set(picked) == set(chosen) and first_pick(picked, rule) == first_pick(chosen, rule)
+        out.append(Elsewhere(split=split, ranking=[c.build for c in candidates if c.rank is not None], chosen=picked,
+                             agrees=agrees))
+    return out
 
 
 def selection_stability(request: SelectRequest, candidates: list[Candidate], chosen: list[str]) -> Stability | Skipped:
@@ -308,6 +347,15 @@ def delivery(release: ReleaseConfig, doc: SelectionDoc | None) -> Delivery:
     return Delivery(builds, dict(release.override), doc is not None or rule is None)
 
 
+def delivered(release: ReleaseConfig, dist: Path, command: str) -> list[str]:
+    """The builds the release delivers by ``dist``'s selection.json, which ``command`` needs (a one-line error
+    without it)."""
+    doc = read_selection(dist)
+    if doc is None:
+        raise ReleaseError(f"{dist / SELECTION}: missing; run 'release tables' and 'release select' before '{command}'")
+    return delivery(release, doc).builds
+
+
 def check_delivered(wanted: list[str], have: Delivery, command: str) -> None:
     """``wanted`` (what ``command`` was asked to publish) must be delivered builds: exit 1, naming both sets."""
     outside = [n for n in wanted if n not in have.builds]
@@ -347,6 +395,7 @@ def ranking_table(doc: SelectionDoc) -> Any:
             continue
         s = c.scores
         verdict = "[green]pass[/]" if c.gate.passed else f"[red]fail[/] ({', '.join(c.gate.failed)})"
+        verdict += ", within noise" if c.gate.within_noise else ""
         table.add_row(str(c.rank), c.build, f"{s.overall_sigma:.4f}", f"{s.gripper_agree:.2%}",
                       f"{s.gripper_changes}/{s.n_steps}", verdict, c.chosen or "",
                       *([f"{shares[c.build].chosen_share:.1%}"] if stable else []))

@@ -22,8 +22,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from release.core.config import Selection
 from release.core.errors import ReleaseError
+from release.core.rules import Selection
 from release.measure.layout import RESULTS
 from release.measure.paired import min_observations
 from release.measure.stats import JOINTS, PerObservation, by_observation, observation_counts

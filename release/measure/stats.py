@@ -115,13 +115,20 @@ def decimals(ci: tuple[float, float] | list[float] | None, least: int = 3) -> in
 
 
 def p_decimals(p: float) -> int:
-    """The decimals that show a p-value to two significant digits (0.68, 0.0042, 0.000031), at most 6 (an exact p at
-    N = 20 is a multiple of 2^-20), and more where rounding would put it on the other side of ALPHA (0.0496 is
-    0.0496, not 0.05); trailing zeros are dropped where it is printed."""
-    digits = 2 if p <= 0 or p >= 0.1 else min(6, 1 - math.floor(math.log10(p)))
-    while digits < 6 and (round(p, digits) < ALPHA) != (p < ALPHA):
+    """The decimals that show a p-value to two significant digits (0.68, 0.0042, 0.000031), at most 11 (an exact p
+    at N = 32 is a multiple of 2^-31, 4.7e-10), and more where rounding would put it on the other side of ALPHA
+    (0.0496 is 0.0496, not 0.05); trailing zeros are dropped where it is printed."""
+    digits = 2 if p <= 0 or p >= 0.1 else min(11, 1 - math.floor(math.log10(p)))
+    while digits < 11 and (round(p, digits) < ALPHA) != (p < ALPHA):
         digits += 1
     return digits
+
+
+def p_rounded(p: float, at_most: bool = False) -> float:
+    """``p`` at :func:`p_decimals`; rounded up when it is printed as a bound ("<= p": a Monte Carlo p at its floor),
+    so that the bound stays true."""
+    digits = p_decimals(p)
+    return math.ceil(p * 10**digits) / 10**digits if at_most else round(p, digits)
 
 
 RHO_MIN = 0.5  # |Spearman rho| below this is no rank agreement (or opposition) whatever its p

@@ -20,10 +20,11 @@ from release.core.io import atomic_dir, atomic_write, build_date, parse_json, re
 from release.measure.layout import PERF, RESULTS, YARDSTICKS, sweep_builds
 from release.measure.paired import (
     CORRECTION,
-    EXACT_MAX_N,
+    INTERVAL_EXACT_MAX_N,
     TEST,
     Paired,
     Patterns,
+    at_floor,
     holm,
     holm_levels,
     min_observations,
@@ -34,6 +35,7 @@ from release.measure.paired import (
     per_observation_mse,
     sign_flip_p,
     verdict,
+    within_margin,
     without_each_group,
 )
 from release.measure.stats import (
@@ -47,7 +49,7 @@ from release.measure.stats import (
     gate_within_noise,
     observation_counts,
     overall,
-    p_decimals,
+    p_rounded,
     per_observation,
     ratio,
     summarize,
@@ -152,7 +154,8 @@ def read_results(file: Path, dims: int) -> PerObservation:
 
 
 COMPUTED = ("device", "torch", "cuda", "kernel", "gemm_shapes")
-SERVED_COMPUTED = ("steps", "torchao")  # the served path's, as release eval records it: each step's mode, TorchAO
+WEIGHTS = ("weights_bytes", "bf16_weights_bytes")  # the loaded models' parameters and buffers, as release eval records
+STEPS_COMPUTED = ("steps", "torchao")  # each step's mode (every path release eval runs), TorchAO's version (served)
 
 
 def read_computed(file: Path) -> dict[str, Any]:
@@ -171,14 +174,17 @@ def read_computed(file: Path) -> dict[str, Any]:
         shapes = [[int(v) for v in s] for s in doc["gemm_shapes"]]
         if not all(k in doc for k in COMPUTED) or not all(len(s) == 3 for s in shapes):
             raise ValueError("a field is missing")
-        served = {k: doc[k] for k in SERVED_COMPUTED if k in doc}
-        if served and not (isinstance(served.get("torchao"), str) and isinstance(served.get("steps"), list)
-                           and served["steps"] and all(m in ("W8A8", "W8A16") for m in served["steps"])):
+        served = {k: doc[k] for k in STEPS_COMPUTED if k in doc}
+        if "steps" in served and not (isinstance(served["steps"], list) and served["steps"]
+                                      and all(m in ("W8A8", "W8A16") for m in served["steps"])):
             raise ValueError("the steps are not W8A8 or W8A16")
+        if "torchao" in served and not isinstance(served["torchao"], str):
+            raise ValueError("the TorchAO version is not text")
     except (ValueError, TypeError, KeyError) as exc:
         raise ReleaseError(f"{file}: 'computed' is not the record release eval writes ({', '.join(COMPUTED)}); "
                            f"{fix}") from exc
-    return {k: doc[k] for k in COMPUTED} | {"gemm_shapes": shapes} | served
+    weights = {k: doc[k] for k in WEIGHTS if type(doc.get(k)) is int and doc[k] > 0}  # absent: not recorded
+    return {k: doc[k] for k in COMPUTED} | {"gemm_shapes": shapes} | served | weights
 
 
 def read_speed(file: Path) -> dict[str, Any] | None:
@@ -244,8 +250,8 @@ def _families(request: TablesRequest, dims: int) -> dict[tuple[str, str], list[R
         if b.name != request.baseline and (request.dist / b.repo / RESULTS).is_dir():
             for r in load_results(request.dist / b.repo, b, dims):
                 families.setdefault((r.path, r.split), []).append(r)
-    # only a family on more than EXACT_MAX_N observations draws random sign patterns (--resamples of them)
-    sampled = [kv for kv in families.items() if kv[1][0].per_obs.observations > EXACT_MAX_N]
+    # only a family on more than INTERVAL_EXACT_MAX_N observations draws random sign patterns (--resamples of them)
+    sampled = [kv for kv in families.items() if kv[1][0].per_obs.observations > INTERVAL_EXACT_MAX_N]
     biggest = max(sampled, key=lambda kv: len(kv[1]), default=None)
     if biggest is not None and request.resamples < min_resamples(len(biggest[1])):
         (path, split), members = biggest
@@ -293,13 +299,16 @@ def _compared(request: TablesRequest, baselines: dict[tuple[str, str], Result],
 def _comparison(found: Compared | None, margin: float | None,
                 att: dict[str, Any] | None = None) -> dict[str, Any]:
     """A record's comparison with the baseline: all None for the baseline itself and the yardsticks."""
-    keys = ("diff_to_baseline", "diff_ci", "diff_ci_corrected", "diff_p", "diff_p_corrected", "comparisons",
-            "diff_too_few_observations", "diff_verdict", "non_inferior", "margin", "diff_without_one_lab", "labs")
+    keys = ("diff_to_baseline", "diff_ci", "diff_ci_corrected", "diff_ci_exact", "diff_p", "diff_p_corrected",
+            "diff_p_exact", "diff_p_floor", "comparisons", "diff_too_few_observations", "diff_verdict",
+            "within_margin", "non_inferior", "margin", "diff_without_one_lab", "labs")
     if found is None:
         return dict.fromkeys(keys) | {"attribution": att}
     c, adjusted, by_lab = found
-    values = (c.diff, c.ci, c.ci_corrected, c.p, adjusted, c.comparisons, c.too_few_observations,
-              verdict(c.diff, c.ci_corrected, adjusted, margin), non_inferior(c.ci_corrected, margin), margin,
+    values = (c.diff, c.ci, c.ci_corrected, c.ci_exact, c.p, adjusted, c.p_exact, c.p_floor, c.comparisons,
+              c.too_few_observations,
+              verdict(c.diff, c.ci_corrected, adjusted), within_margin(c.ci_corrected, margin),
+              non_inferior(c.ci_corrected, margin), margin,
               *((None, None) if by_lab is None else by_lab))
     return dict(zip(keys, values, strict=True)) | {"attribution": att}
 
@@ -329,11 +338,9 @@ def build_tables(request: TablesRequest) -> tuple[dict[str, Any], list[dict[str,
         compile_ys = yardsticks[("compile", split)]
         return None if compile_ys is None else ratio(s.overall_sigma, float(overall(compile_ys[0])))
 
-    def margin(split: str) -> float | None:
-        if request.release.equivalence_margin != "compile":
-            return float(request.release.equivalence_margin)
-        compile_ys = yardsticks[("compile", split)]
-        return None if compile_ys is None else float(overall(compile_ys[0]))
+    def margin(path: str, split: str) -> float | None:
+        base = baselines.get((path, split))
+        return request.release.equivalence_margin.of(None if base is None else float(overall(base.per_obs)))
 
     records: list[dict[str, Any]] = []
     attributions: list[dict[str, Any]] = []
@@ -351,7 +358,7 @@ def build_tables(request: TablesRequest) -> tuple[dict[str, Any], list[dict[str,
         if found is not None:
             att = attribution(r.per_obs, baselines[(r.path, r.split)].per_obs)
             attributions.append({"build": r.build.name, "path": r.path, "split": r.split, **att})
-            record.update(_comparison(found, margin(r.split), att))
+            record.update(_comparison(found, margin(r.path, r.split), att))
         records.append(record)
     for split in splits:
         for kind, title in (("compile", "BF16 eager vs BF16 torch.compile (yardstick)"),
@@ -372,9 +379,9 @@ def build_tables(request: TablesRequest) -> tuple[dict[str, Any], list[dict[str,
         "diff_interval": "Hartigan subset means, mapped to the RMS scale; diff_ci_corrected at the level Holm's "
                          "procedure tests the build",
         "gripper_interval": "percentile bootstrap over observations",
-        "equivalence_margin": request.release.equivalence_margin,
+        "equivalence_margin": request.release.equivalence_margin.model_dump(),
         "families": [{"path": path, "split": split, "baseline": request.baseline, "m": len(members),
-                      "builds": [r.build.name for r in members], "margin": margin(split),
+                      "builds": [r.build.name for r in members], "margin": margin(path, split),
                       "patterns": patterns(baselines[(path, split)].per_obs.observations, request.resamples,
                                            BOOTSTRAP_SEED).describe()}
                      for (path, split), members in sorted(families.items()) if (path, split) in baselines],
@@ -394,7 +401,7 @@ def build_tables(request: TablesRequest) -> tuple[dict[str, Any], list[dict[str,
                 for r in ranked],
             "p (sign-flip, Holm-adjusted)": [_p(r) for r in ranked],
             "m": pd.array([r["comparisons"] for r in ranked], dtype="Int64"),
-            "verdict": [r["diff_verdict"] or "-" for r in ranked],
+            "verdict": [_verdict(r) for r in ranked],
             "changes": [r["gripper_changes"] for r in ranked],
         }),
         "attribution": pd.DataFrame(attributions),
@@ -419,10 +426,22 @@ def _estimate(value: float, ci: tuple[float, float] | None, sign: str = "") -> s
 
 
 def _p(record: dict[str, Any]) -> str:
+    """The Holm-adjusted p; "<= p" where the Monte Carlo p sits at its floor (the exact one is at most that)."""
     p = record["diff_p_corrected"]
     if record["comparisons"] is None:
         return "-"
-    return TOO_FEW if p is None else np.format_float_positional(round(p, p_decimals(p)), trim="-")
+    if p is None:
+        return TOO_FEW
+    bound = at_floor(record["diff_p"], record["diff_p_floor"])
+    return ("<= " if bound else "") + np.format_float_positional(p_rounded(p, bound), trim="-")
+
+
+def _verdict(record: dict[str, Any]) -> str:
+    """The verdict, with "within +-margin" beside it where the Holm-level interval lies inside the margin."""
+    if record["diff_verdict"] is None:
+        return "-"
+    margin = f"within +-{_num(record['margin'], '.4g')}" if record["within_margin"] else None
+    return "; ".join(v for v in (record["diff_verdict"], margin) if v)
 
 
 def _gate(record: dict[str, Any], limits: Gate) -> str:

@@ -26,12 +26,13 @@ from release import __version__
 from release.check.report import REPORT_JSON, file_manifest, load_report, manifest_files
 from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 from release.core.builds import load_build
-from release.core.config import BuildConfig, CampaignEval, builds_dir
+from release.core.config import BuildConfig, builds_dir
 from release.core.errors import ReleaseError
 from release.core.io import parse_json, write_json
 from release.core.output import info, progress
 from release.core.profile import stage
 from release.core.provenance import read_provenance
+from release.core.rules import CampaignEval
 from release.inputs.fixture import fixture_reference
 from release.inputs.observations import observation_set_digest
 from release.inputs.source import remember_inputs
@@ -61,7 +62,7 @@ class CampaignRequest:
         request = BuildRequest.create((), True, source, observations, dist, allow_revision_mismatch)
         evals(request, request.builds[0])  # a release.yaml whose selection cannot be evaluated fails here
         for e in request.release.campaign.evals:
-            for name in e.builds or []:
+            for name in e.builds if isinstance(e.builds, list) else []:
                 load_build(name)  # a name without a build file is refused before any work
         return cls(request, keep_checkpoints, baseline, resamples)
 
@@ -70,9 +71,10 @@ class CampaignRequest:
         return self.build.out
 
 
-def evals(request: BuildRequest, build: BuildConfig) -> list[CampaignEval]:
-    """The evaluations of ``build``: ``campaign.evals`` that name it (or name no builds), else the selection's path
-    and split."""
+def evals(request: BuildRequest, build: BuildConfig, chosen: bool = False) -> list[CampaignEval]:
+    """The evaluations of ``build`` as it is made: ``campaign.evals`` that name it (or name no builds), else the
+    selection's path and split; with ``chosen``, those the release runs on its delivered builds after the selection
+    (``builds: chosen``)."""
     release = request.release
     listed = release.campaign.evals
     if not listed:
@@ -82,7 +84,9 @@ def evals(request: BuildRequest, build: BuildConfig) -> list[CampaignEval]:
                                "selection to take its path and split from; list the evaluations under "
                                "'campaign.evals'")
         listed = [CampaignEval(path=rule.path, split=rule.split)]
-    return [e for e in listed if e.builds is None or build.name in e.builds]
+    if chosen:
+        return [e for e in listed if e.after_selection]
+    return [e for e in listed if e.builds is None or (isinstance(e.builds, list) and build.name in e.builds)]
 
 
 class Journal:
@@ -185,11 +189,10 @@ def _kept(request: CampaignRequest) -> set[str]:
     return sure | ({REFERENCE_BUILD} if fixture_reference(request.build.source) is None else set())
 
 
-def _evaluate(request: CampaignRequest, build: BuildConfig) -> None:
-    """Every evaluation of the build; each path's splits rolled out from one load of each model."""
+def _evaluate(request: CampaignRequest, build: BuildConfig, wanted: list[CampaignEval]) -> None:
+    """The evaluations ``wanted`` of the build; each path's splits rolled out from one load of each model."""
     dist, b = request.dist, request.build
     subject = Subject(build, dist / build.repo, dist / build.repo)
-    wanted = evals(b, build)
     for path in dict.fromkeys(e.path for e in wanted):
         splits = [e.split for e in wanted if e.path == path]
         base = EvalRequest(b.release, [subject], path, splits[0], dist, b.source, b.observations, b.cache, False,
@@ -216,20 +219,44 @@ def _verified(verifier: Verifier, request: CampaignRequest, build: BuildConfig, 
 
 
 def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
-    """The campaign (module docstring); the cards written, and whether every build passed its verification."""
+    """The campaign (module docstring), in the order a decision needs: builds and their evaluations, tables, the
+    selection, the evaluations of the chosen builds (``builds: chosen``: the deployed path of what the cards
+    recommend), tables and selection again on the complete results, then the cards. Returns the cards written and
+    whether every build passed its verification."""
     b, dist = request.build, request.dist
     journal = Journal(b)
+    ok = _sweep(request, journal)
+    remember_inputs(dist, b.source, b.observations)  # verify and eval on this dist find them without the options
+    delivered: list[str] = []
+    for _ in range(len(b.builds) + 1):  # until the choice holds on the complete results (the rule may score them)
+        run_tables(TablesRequest.create((), dist, None, request.baseline, request.resamples))
+        chosen = delivery(b.release, run_select(SelectRequest.create(dist))).builds
+        if chosen == delivered:
+            break
+        delivered = chosen
+        _deliver(request, journal, [x for x in b.builds if x.name in delivered])
+    for build in b.builds:
+        if build.name not in delivered and not request.keep_checkpoints:
+            drop_checkpoint(dist / build.repo, journal.entry(build), journal)
+    cards = render_cards(CardRequest.create(tuple(delivered), dist, ",".join(b.release.languages)))
+    return cards, ok
+
+
+def _sweep(request: CampaignRequest, journal: Journal) -> bool:
+    """Each build of the sweep made, verified and evaluated in turn (the verification reference first); a build's
+    weights dropped once it is evaluated unless it is kept (:func:`_kept`). Whether every build passed."""
+    b, dist = request.build, request.dist
     kept = _kept(request)
     builder: Builder | None = None
     verifier: Verifier | None = None
     ok = True
     _yardsticks(request)
-    # the verification reference first (the order of 'release build --all'); each build made and checked in turn
     builds = sorted(b.builds, key=lambda x: x.name != REFERENCE_BUILD)
     observed = ObserverPasses(x.calibrator for x in builds if observes_source(x))
     with progress("campaign: builds", len(builds)) as bar:
         for build in builds:
             entry, folder = journal.entry(build), dist / build.repo
+            fresh = "verified" not in entry or not entry.get("evaluated")
             if "verified" not in entry:
                 if _built(folder, build, b.identity.revision):
                     verifier = verifier or Verifier(builder.source if builder is not None else None)
@@ -241,25 +268,30 @@ def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
                                                           functools.partial(_verified, verifier, request, build)))
                 journal.save()
             if entry["verified"] and not entry.get("evaluated"):
-                _evaluate(request, build)
+                _evaluate(request, build, evals(b, build))
                 entry["evaluated"] = True
                 journal.save()
             ok &= entry["verified"]
-            if (build.name not in kept or not entry["verified"]) and not request.keep_checkpoints:
+            # only what this run made or evaluated: a finished campaign's rerun keeps the delivered builds in place
+            if fresh and (build.name not in kept or not entry["verified"]) and not request.keep_checkpoints:
                 drop_checkpoint(folder, entry, journal)
             bar.advance()
-    del builder, verifier
-    remember_inputs(dist, b.source, b.observations)  # verify and eval on this dist find them without the options
-    run_tables(TablesRequest.create((), dist, None, request.baseline, request.resamples))
-    delivered = delivery(b.release, run_select(SelectRequest.create(dist))).builds
-    dropped = [x for x in b.builds if x.name in delivered and journal.entry(x).get("dropped")]
+    return ok
+
+
+def _deliver(request: CampaignRequest, journal: Journal, builds: list[BuildConfig]) -> None:
+    """The delivered ``builds`` made whole (dropped weights rebuilt and checked byte for byte) and evaluated as
+    ``builds: chosen`` asks, each evaluation once (the journal's ``chosen_evaluated``)."""
+    dropped = [x for x in builds if journal.entry(x).get("dropped")]
     if dropped:
         restore_checkpoints(request, dropped, journal)
-    for build in b.builds:
-        if build.name not in delivered and not request.keep_checkpoints:
-            drop_checkpoint(dist / build.repo, journal.entry(build), journal)
-    cards = render_cards(CardRequest.create(tuple(delivered), dist, ",".join(b.release.languages)))
-    return cards, ok
+    for build in builds:
+        entry = journal.entry(build)
+        wanted = evals(request.build, build, chosen=True)
+        if wanted and entry.get("verified") and not entry.get("chosen_evaluated"):
+            _evaluate(request, build, wanted)
+            entry["chosen_evaluated"] = True
+            journal.save()
 
 
 def _built(folder: Path, build: BuildConfig, revision: str) -> bool:

@@ -32,9 +32,10 @@ from release import __version__
 from release.check.report import CARD_FILES, REPORT_JSON, Report, matches, parse_report
 from release.check.written import publishable
 from release.core.builds import available_builds, load_build, load_release
-from release.core.config import BUILD_NAME, BUILD_NAME_RULE, BuildConfig, ReleaseConfig, builds_dir, hub_name
+from release.core.config import BuildConfig, ReleaseConfig, builds_dir, hub_name
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, output_folder, parse_json, write_json
+from release.core.rules import BUILD_NAME, BUILD_NAME_RULE
 from release.measure.select import SELECTION, TABLES, SelectionDoc, check_delivered, delivery
 from release.publish.gate import (
     Reports,

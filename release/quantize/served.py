@@ -87,6 +87,18 @@ class StepSchedule:
         return {"callback_on_step_end": self._next}
 
 
+def ran_steps(pipe: Any, pipe_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What each denoising step of the pipeline's last call ran, for release eval's record: a served build's modes
+    from its StepSchedule, with TorchAO's version; a build rolled out with diffusers' step policy given
+    (``mixed_precision_format``), from the pipeline's own record of it, where "base" (the policy off: the Linears' own
+    forward, which quantizes every input of a fake-quant or deployed build) is W8A8; nothing for BF16."""
+    schedule = getattr(pipe.transformer, "step_schedule", None)
+    if schedule is not None:
+        return {"steps": schedule.ran, "torchao": schedule.torchao}
+    given = "mixed_precision_format" in pipe_kwargs
+    return {"steps": [{"base": "W8A8"}.get(m, m) for m in pipe._mixed_precision_trace]} if given else {}
+
+
 def torchao_version() -> str:
     """The installed TorchAO's version; a missing one is a one-line error naming the extra."""
     try:

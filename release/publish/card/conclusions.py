@@ -3,11 +3,13 @@ corrected tests support, which builds share their codes, which are worse than th
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from babel.numbers import format_decimal
 
 from release.core.builds import load_build
+from release.measure.paired import ALPHA
 from release.measure.stats import decimals, rank_agreement
 from release.publish.card.i18n import Formatter, _
 from release.publish.card.labels import (
@@ -15,8 +17,8 @@ from release.publish.card.labels import (
     MEASURED,
     PER_CHANNEL,
     PER_TENSOR,
-    baseline_name,
-    estimate,
+    VERDICT_LABELS,
+    test_label,
     where_label,
 )
 from release.publish.card.rows import fakequant_for, groups_of, in_group
@@ -30,8 +32,7 @@ def _excludes_zero(ci: list[float] | None) -> int:
 
 
 def _holm_unsupported(row: dict[str, Any]) -> bool:
-    """Holm's correction does not support the difference (an 'equivalent' build may still differ, inside the margin,
-    with an adjusted p < 0.05: no note may then say the correction does not support it)."""
+    """Holm's correction does not support the difference (its adjusted p is 0.05 or more)."""
     return row.get("diff_p_corrected") is not None and row["diff_p_corrected"] >= 0.05
 
 
@@ -43,27 +44,44 @@ def _with(rows: list[dict[str, Any]], verdict: str) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("diff_verdict") == verdict]
 
 
+def margin_text(margin: float | None, f: Formatter) -> str:
+    """A margin to two significant digits (0.0021, not 0.002)."""
+    return f.num(margin, decimals(None if margin is None else (0.0, margin)))
+
+
 def _margin(rows: list[dict[str, Any]], f: Formatter) -> str:
-    return f.num(next((r["margin"] for r in rows if r.get("margin") is not None), None))
+    return margin_text(next((r["margin"] for r in rows if r.get("margin") is not None), None), f)
+
+
+def _within(rows: list[dict[str, Any]], f: Formatter, t: Any) -> str:
+    """The builds inside the margin, each significant one with its verdict and Holm p beside it."""
+    def one(r: dict[str, Any]) -> str:
+        if r["diff_verdict"] not in ("lower", "higher"):
+            return str(r["title"])
+        return t(_("{build} ({verdict}, Holm-adjusted p = {p})")).format(
+            build=r["title"], verdict=t(VERDICT_LABELS[r["diff_verdict"]]), p=f.p(r["diff_p_corrected"]))
+    return ", ".join(one(r) for r in rows)
 
 
 def _family_statements(rows: list[dict[str, Any]], where: str, family: str, baseline: str, f: Formatter,
                        t: Any) -> list[str]:
-    """What the tests of one path, split and family support: which builds are lower, higher or equivalent."""
+    """What the tests of one path, split and family support: exactly the builds that are lower, higher (Holm-adjusted
+    p < 0.05) and within the margin (Holm-level interval inside it, significant or not)."""
     m = max(r["comparisons"] for r in rows)
-    lower, higher, same = _with(rows, "lower"), _with(rows, "higher"), _with(rows, "equivalent")
-    out = [t(_("{where}, {family}: lower error than {baseline} (exact sign-flip test, Holm-adjusted p < 0.05 over "
-               "m = {m}): {builds}.") if lower else
-             _("{where}, {family}: no build has a lower error than {baseline} (exact sign-flip test, Holm-adjusted "
-               "p < 0.05 over m = {m}).")).format(where=where, family=family, baseline=baseline, m=m,
-                                                  builds=_titles(lower))]
+    lower, higher = _with(rows, "lower"), _with(rows, "higher")
+    same = [r for r in rows if r.get("within_margin")]
+    out = [t(_("{where}, {family}: lower error than {baseline} (sign-flip test, Holm-adjusted p < 0.05 over m = "
+               "{m}): {builds}.") if lower else
+             _("{where}, {family}: no build has a lower error than {baseline} (sign-flip test, Holm-adjusted p < "
+               "0.05 over m = {m}).")).format(where=where, family=family, baseline=baseline, m=m,
+                                               builds=_titles(lower))]
     if higher:
         out.append(t(_("{where}, {family}: higher error than {baseline} (Holm-adjusted p < 0.05 over m = {m}): "
                        "{builds}.")).format(where=where, family=family, baseline=baseline, m=m, builds=_titles(higher)))
     if same:
-        out.append(t(_("{where}, {family}: equivalent to {baseline} within +-{margin} sigma (the Holm-adjusted 95% "
-                       "CI lies inside the margin): {builds}.")).format(
-            where=where, family=family, baseline=baseline, margin=_margin(same, f), builds=_titles(same)))
+        out.append(t(_("{where}, {family}: within +-{margin} sigma of {baseline} (the Holm-adjusted 95% CI lies "
+                       "inside the margin, the practical floor of `builds/release.yaml`): {builds}.")).format(
+            where=where, family=family, baseline=baseline, margin=_margin(same, f), builds=_within(same, f, t)))
     return out
 
 
@@ -78,6 +96,15 @@ def _rank_statement(fq: dict[str, dict[str, Any]], other: dict[str, dict[str, An
                    "the same error (Spearman rho undefined).")).format(where=where, n=ra.n)
     figures = t(_("Spearman rho = {rho}, n = {n}, {kind} permutation p = {p}")).format(
         rho=f.num(ra.rho, 2), n=ra.n, kind=t(_("exact")) if ra.exact else t(_("Monte Carlo")), p=f.p(ra.p))
+    # The smallest exact p of n builds: 2 / n! for rho = +-1 (the order and its reverse), 2n / n! for the next |rho|
+    # (those two and the n - 1 swaps of neighbours, either way); ties only raise them.
+    perfect, next_best = 2 / math.factorial(ra.n), 2 * ra.n / math.factorial(ra.n)
+    if perfect >= ALPHA:
+        return t(_("Fake quant and {where}: too few builds for a rank test ({figures}; with {n} builds even a perfect "
+                   "agreement has p = {p}).")).format(where=where, figures=figures, n=ra.n, p=f.p(perfect))
+    if next_best >= ALPHA and ra.verdict == "not shown":
+        return t(_("Fake quant and {where}: too few builds for a rank test short of a perfect agreement ({figures}; "
+                   "with {n} builds only rho = +-1 reaches p < 0.05).")).format(where=where, figures=figures, n=ra.n)
     text = {"alike": _("Fake quant and {where} rank the {n} builds they share alike ({figures})."),
             "opposite": _("Fake quant and {where} rank the {n} builds they share in opposite order ({figures})."),
             "not shown": _("Fake quant and {where}: no rank agreement shown for the {n} builds they share "
@@ -87,7 +114,7 @@ def _rank_statement(fq: dict[str, dict[str, Any]], other: dict[str, dict[str, An
 
 def conclusions(records: list[dict[str, Any]], baseline: str, f: Formatter, t: Any) -> list[str]:
     """What the paired tests say, as statements naming their path and split: per family which builds are lower,
-    higher or equivalent to the baseline (release/measure/paired.py: exact sign-flip tests, Holm over the builds
+    higher or within the margin of the baseline (release/measure/paired.py: sign-flip tests, Holm over the builds
     of a path and split, the equivalence margin), whether fake quant and another path rank the builds alike (a
     Spearman rho with its permutation p), how much of each difference two observations carry, and where the
     exploratory family stands on each split."""
@@ -102,7 +129,7 @@ def conclusions(records: list[dict[str, Any]], baseline: str, f: Formatter, t: A
             out.append(t(_("{where}: too few observations to compare the builds with {baseline}."))
                        .format(where=where, baseline=baseline))
             continue
-        shown |= any(r["diff_verdict"] in ("lower", "higher", "equivalent") for r in rows)
+        shown |= any(r["diff_verdict"] in ("lower", "higher") or r.get("within_margin") for r in rows)
         out += _family_statements(rows, where, t(FAMILIES[PER_TENSOR]), baseline, f, t)
     for path, split in groups_of(records, ("served", "deployed")):
         other = {r["build"]: r for r in in_group(records, path, split)}
@@ -179,7 +206,7 @@ def notes_on_path(records: list[dict[str, Any]], path: str, split: str, baseline
                 ids=", ".join(map(str, fq["top3_error_observations"])))
         notes.append(text)
     for r in rows:
-        if _excludes_zero(r.get("diff_ci")) != 0 and r.get("diff_verdict") in ("not shown", "equivalent") and \
+        if _excludes_zero(r.get("diff_ci")) != 0 and r.get("diff_verdict") == "not shown" and \
                 _holm_unsupported(r):
             notes.append(t(_("{build}: the plain 95% CI of its difference to {baseline} excludes zero; Holm's "
                              "correction over m = {m} does not support a difference (adjusted p = {p}).")).format(
@@ -223,9 +250,9 @@ def worse_notes(rows: list[dict[str, Any]], baseline: str, t: Any) -> list[str]:
     notes = []
     worse = _with(rows, "higher")
     if worse:
-        notes.append(t(_("Higher error than {baseline} (exact sign-flip test, Holm-adjusted p < 0.05 over m = {m}): "
+        notes.append(t(_("Higher error than {baseline} ({test}, Holm-adjusted p < 0.05 over m = {m}): "
                          "{builds}.")).format(baseline=baseline, m=max(r["comparisons"] for r in worse),
-                                              builds=_titles(worse)))
+                                              builds=_titles(worse), test=test_label(rows, t)))
     before = [r for r in rows if _excludes_zero(r.get("diff_ci")) > 0 and r.get("diff_verdict") != "higher"
               and _holm_unsupported(r)]
     if before:
@@ -233,55 +260,3 @@ def worse_notes(rows: list[dict[str, Any]], baseline: str, t: Any) -> list[str]:
                          "Holm's correction over m = {m} does not support it): {builds}.")).format(
             baseline=baseline, m=max(r["comparisons"] for r in before), builds=_titles(before)))
     return notes
-
-
-# Where the card's opening advice looks first: results on held-out labs through the served, then the deployed path;
-# then the same paths on every lab; then the selection rule's own path and split.
-ADVICE_ORDER = (("served", "validation"), ("deployed", "validation"), ("served", "all"), ("deployed", "all"))
-
-
-def use_advice(tables: dict[str, Any], delivered: list[str], repos: dict[str, str], org: str,
-               rule: tuple[str, str] | None, f: Formatter, t: Any) -> str:
-    """The card's opening: which delivered build to use and why, from the held-out served or deployed results
-    where they exist (else the selection rule's path and split, else any path): the lowest overall error among the
-    delivered builds there, and whether its paired difference to the baseline supports calling it lower."""
-    baseline = baseline_name(tables)
-    mine = [r for r in tables["records"] if r["build"] in delivered and r["path"] in MEASURED]
-    groups = [*ADVICE_ORDER, *([rule] if rule else []), *sorted({(r["path"], r["split"]) for r in mine})]
-    group = next((g for g in groups if any((r["path"], r["split"]) == g for r in mine)), None)
-    if group is None:
-        return t(_("Which build to use: no delivered build has been evaluated yet, so the data name none."))
-    rows = [r for r in mine if (r["path"], r["split"]) == group]
-    best = min(rows, key=lambda r: (r["overall_sigma"], delivered.index(r["build"])))
-    text = t(_("Which build to use: **{title}** (`{repo}`), the lowest point estimate of overall action error of the "
-               "{n} delivered builds evaluated on {where} ({sigma} sigma, {obs} observations).") if len(rows) > 1 else
-             _("Which build to use: **{title}** (`{repo}`), the one delivered build evaluated on {where} ({sigma} "
-               "sigma, {obs} observations).")).format(
-        title=best["title"], repo=f"{org}/{repos[best['build']]}", n=len(rows), where=where_label(*group, t, rows),
-        sigma=f.num(best["overall_sigma"]), obs=best["n_obs"])
-    if best["build"] == tables.get("baseline", "rtn"):
-        if len(rows) == 1:
-            return text + " " + t(_("It is the baseline of the comparisons below."))
-        return text + " " + t(_("It is the baseline: no delivered build has a lower error there."))
-    found = best.get("diff_verdict")
-    if found is None:
-        return text + " " + t(_("It has no paired test against {baseline} there, so whether it is lower than "
-                                "{baseline} is not measured.")).format(baseline=baseline)
-    figures = t(_("{diff}, Holm-adjusted sign-flip p = {p}")).format(
-        diff=estimate(best["diff_to_baseline"], best["diff_ci_corrected"], f, t, sign=True),
-        p=f.p(best["diff_p_corrected"]))
-    said = {"lower": _("Its error is lower than that of {baseline} ({diff})."),
-            "higher": _("Its error is higher than that of {baseline} ({diff}): {baseline} is the better choice "
-                        "there."),
-            "equivalent": _("It is equivalent to {baseline} within +-{margin} sigma ({diff}): {baseline} serves as "
-                            "well."),
-            "not shown": _("At {obs} observations the data do not show it lower than {baseline} ({diff}), which "
-                           "serves as well.")}[found]
-    text += " " + t(said).format(baseline=baseline, diff=figures, obs=best["n_obs"], margin=f.num(best.get("margin")))
-    by_lab = best.get("diff_without_one_lab")
-    if by_lab is not None:
-        text += " " + t(_("These observations come from {k} labs, so a claim about other labs rests on {k} clusters: "
-                          "leaving one lab out at a time, the difference ranges from {lo} to {hi} sigma.")).format(
-            k=best["labs"], lo=f.num(by_lab[0], decimals(by_lab), sign=True),
-            hi=f.num(by_lab[1], decimals(by_lab), sign=True))
-    return text

@@ -16,8 +16,10 @@ from release.core.config import BuildConfig, ReleaseConfig
 from release.core.io import read_json
 from release.core.provenance import read_provenance
 from release.measure.paired import min_observations
-from release.measure.select import Candidate, Delivery, SelectionDoc
-from release.publish.card.conclusions import conclusions, use_advice
+from release.measure.select import Candidate, Delivery, Elsewhere, SelectionDoc
+from release.publish.card.advice import use_advice
+from release.publish.card.conclusions import conclusions
+from release.publish.card.deployed import checked_gpus
 from release.publish.card.i18n import Formatter, _, translations
 from release.publish.card.labels import (
     CHECK_LABELS,
@@ -59,17 +61,26 @@ from release.publish.card.sections import (
     scheme_rows,
     setup_rows,
 )
-from release.publish.card.serving import vllm_omni
+from release.publish.card.serving import serving
 from release.publish.evaluated import not_evaluated
+
+
+def source_origin(prov: dict[str, Any]) -> str:
+    """How the build's source revision is known (``release.inputs.source.Revision``): a Hub commit ("hub cache",
+    "hf download"), a content sha256 of a plain folder ("content hash"), or the tool's fixture, random weights of the
+    real architecture ("fixture", also for a provenance that does not record it)."""
+    return str(prov["source"].get("origin", "fixture"))
 
 
 def card_metadata(release: ReleaseConfig, prov: dict[str, Any]) -> ModelCardData:
     """The Hub's metadata: ``language`` is the model's (its instructions'), not the card's; ``datasets`` names the
-    observation set's dataset when it has a Hub id (a LeRobot import from the Hub)."""
+    observation set's dataset when it has a Hub id (a LeRobot import from the Hub). A build of the fixture names no
+    base model: it is no quantization of NVIDIA's model, and the Hub infers a relation from ``base_model`` alone."""
     dataset = prov.get("calibration", {}).get("dataset")
+    fixture = source_origin(prov) == "fixture"
     return ModelCardData(
-        base_model=release.base_model,
-        base_model_relation="quantized",
+        base_model=None if fixture else release.base_model,
+        base_model_relation=None if fixture else "quantized",
         license=release.license.id,
         license_name=release.license.name,
         license_link=release.license.link,
@@ -107,7 +118,7 @@ def comparison_context(release: ReleaseConfig, build: BuildConfig, prov: dict[st
         "setup": setup_rows(records, release, build, prov, int(tables.get("resamples", 10_000)), baseline, f, t),
         "paths": paths_rows(records, t), "path_tables": paths, "fakequant_tables": fakequant,
         "decision_heading": f"{section + 1}. " + t(_("Decision and remaining work")),
-        "decision": decision_rows(records, release, have.builds, baseline, f, t),
+        "decision": decision_rows(records, release, have.builds, baseline, selection, f, t),
         "constraints_heading": f"{section + 2}. " + t(_("Constraints")),
         "constraints": constraint_lines(records, selection, t),
         "reproduction_heading": f"{section + 3}. " + t(_("Reproduction")),
@@ -158,8 +169,6 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
     sibling_titles = build_titles(have.builds, lang)
     siblings = [{"repo_id": f"{release.org}/{release.repos[b]}", "title": sibling_titles.get(b, f"`{b}`"),
                  "current": b == build.name} for b in have.builds]
-    rule = (selection.rule.path, selection.rule.split) if selection else \
-        (release.selection.path, release.selection.split) if release.selection else None
     languages_line = " | ".join(
         f"[{code}]({'README.md' if code == langs[0] else f'README.{code}.md'})" for code in langs
     ) if len(langs) > 1 else ""
@@ -177,15 +186,15 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
         "release": release, "prov": prov, "repo_id": f"{release.org}/{build.repo}",
         "title": f"{release.base_model.split('/')[-1]}, {build.text('title', lang)} ({t(SCHEMES[build.scheme])})",
         "description": build.text("description", lang), "siblings": siblings, "languages_line": languages_line,
-        "advice": use_advice(tables, have.builds, release.repos, release.org, rule, f, t),
+        "advice": use_advice(tables, have, release, selection, f, t),
         "delivered": build.name in have.builds,
         "deliverable": build.deliverable, "build_name": build.name,
         "per_channel": build.scheme == PER_CHANNEL, "use": use_requirements(prov, mine, f, t),
-        "vllm_omni": vllm_omni(folder, release, t) if build.deliverable else "",
-        "license_copied": bool(source.get("license")),
+        "checked_gpus": checked_gpus(mine, t),
+        "serving": serving(folder, release, mine, build.name, build.deliverable, t),
+        "license_copied": bool(source.get("license")), "origin": source_origin(prov),
         "independent": independent, "recipe_text": recipe_text(build, t, independent),
-        "scheme": scheme_rows(build, prov, t, independent), "source_note": source_note,
-        "kept": ", ".join(f"`{k}`" for k in build.kept_bf16),
+        "scheme": scheme_rows(build, prov, t, independent, folder), "source_note": source_note,
         "built_date": f.date(date), "gate_sigma": f.num(build.gate.overall_sigma, 2),
         "gate_rate": f.pct(build.gate.gripper_change_rate, 1), "gate_verdict": gate_verdict,
         "verification_reference": Path(report["reference"]).name if report.get("reference") else "",
@@ -224,6 +233,13 @@ def selection_context(doc: SelectionDoc | None, have: Delivery, build: BuildConf
     chosen = [c.build for c in doc.candidates if c.chosen == "rank"]
     text += " " + t(_("Chosen by rank, up to {count} that pass their gate: {builds}.")).format(
         count=rule.count, builds=", ".join(f"`{b}`" for b in chosen) or t(_("none")))
+    if rule.gate == "interval":
+        text += " " + t(_("A candidate passes its gate only when the whole 95% interval of each gated figure is "
+                          "within its limit."))
+    elif any(c.gate is not None and c.gate.within_noise for c in doc.candidates):
+        text += " " + t(_("A gate verdict marked \"within noise\" has its limit inside the 95% interval of the "
+                          "figure it judges: more observations could reverse it."))
+    text += "".join(" " + _other_split(e, rule.split, t) for e in doc.elsewhere)
 
     def place(c: Candidate) -> str:
         if c.rank is None:
@@ -249,6 +265,10 @@ def selection_context(doc: SelectionDoc | None, have: Delivery, build: BuildConf
                         "every candidate). The same set is chosen in {same} of resamples; the last column gives the "
                         "share of resamples in which each candidate is chosen.")).format(
             resamples=resamples, obs=stable.observations, same=f.pct(stable.same_choice, 1))
+        if stable.same_choice < 0.5:
+            stability = t(_("The choice is not stable: the same set of builds is chosen in only {same} of bootstrap "
+                            "resamples of the observations.")).format(same=f.pct(stable.same_choice, 1)) + " " + \
+                stability
         if build.name in shares:
             verdict += " " + t(_("The rule chooses it in {share} of {resamples} bootstrap resamples of the "
                                  "observations.")).format(share=f.pct(shares[build.name], 1), resamples=resamples)
@@ -265,9 +285,21 @@ def selection_context(doc: SelectionDoc | None, have: Delivery, build: BuildConf
             row.update(overall=estimate(s.overall_sigma, list(s.overall_ci) if s.overall_ci else None, f, t),
                        gripper=agreement(s.gripper_agree, list(s.gripper_ci) if s.gripper_ci else None, f, t),
                        changes=f"{s.gripper_changes} / {s.n_steps}",
-                       gate=f"{gate[c.gate.passed]} ({failed})" if failed else gate[c.gate.passed])
+                       gate=(f"{gate[c.gate.passed]} ({failed})" if failed else gate[c.gate.passed]) +
+                       (t(_(", within noise")) if c.gate.within_noise else ""))
         rows.append(row)
     return {"text": text, "verdict": verdict, "rows": rows, "stability": stability}
+
+
+def _other_split(e: Elsewhere, scored: str, t: Any) -> str:
+    """How the same rule ranks on another split, and whether it would choose the same builds."""
+    ranking = ", ".join(f"`{b}`" for b in e.ranking) or t(_("none"))
+    text = t(_("On the {split} the same rule ranks {ranking} and would choose {chosen}.")).format(
+        split=t(SPLIT_LABELS[e.split]), ranking=ranking, chosen=", ".join(f"`{b}`" for b in e.chosen) or t(_("none")))
+    if e.agrees:
+        return text + " " + t(_("That is the same choice."))
+    return text + " " + t(_("The two splits disagree: the choice above is the one made on the {split}.")).format(
+        split=t(SPLIT_LABELS[scored]))
 
 
 def sweep_provenances(dist: Path) -> dict[str, dict[str, Any]]:

@@ -22,7 +22,7 @@ from babel.support import NullTranslations, Translations
 
 from release.core.errors import ReleaseError
 from release.core.io import data_path
-from release.measure.stats import p_decimals
+from release.measure.stats import p_decimals, p_rounded
 from release.publish.card.particles import Text, particle
 
 TEMPLATES = data_path("templates")
@@ -133,14 +133,21 @@ class Formatter:
     def ci(self, ci: list[float] | tuple[float, float], digits: int = 3, sign: bool = False) -> str:
         return f"[{self.num(ci[0], digits, sign)}, {self.num(ci[1], digits, sign)}]"
 
+    def size(self, nbytes: int) -> str:
+        """A memory size in MiB below 1 GiB, else in GiB, to three significant digits."""
+        value, unit = (nbytes / 2**30, "GiB") if nbytes >= 2**30 else (nbytes / 2**20, "MiB")
+        return f"{self.num(value, max(0, 2 - math.floor(math.log10(value))) if value > 0 else 0)} {unit}"
+
     def pct(self, value: float | None, digits: int = 2) -> str:
         if value is None:
             return "-"
         return format_percent(value, format="0." + "0" * digits + "%", locale=self.lang)
 
-    def p(self, value: float) -> str:
-        """A p-value to two significant digits (:func:`~release.measure.stats.p_decimals`)."""
-        return format_decimal(round(value, p_decimals(value)), format="0." + "#" * p_decimals(value), locale=self.lang)
+    def p(self, value: float, at_most: bool = False) -> str:
+        """A p-value to two significant digits (:func:`~release.measure.stats.p_decimals`); ``at_most``: as a bound,
+        "≤ p" rounded up (a Monte Carlo p at its floor)."""
+        shown = format_decimal(p_rounded(value, at_most), format="0." + "#" * p_decimals(value), locale=self.lang)
+        return f"≤ {shown}" if at_most else shown
 
     def pct_ci(self, ci: list[float] | tuple[float, float]) -> str:
         return f"[{self.num(ci[0] * 100, 2)}, {self.num(ci[1] * 100, 2)}]"

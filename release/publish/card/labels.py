@@ -17,6 +17,7 @@ from release.core.conformance import (
     TORCHAO_EMULATED,
 )
 from release.core.errors import ReleaseError
+from release.measure.paired import EXACT_MAX_N, LISTED_MAX_N
 from release.measure.stats import decimals
 from release.publish.card.i18n import Formatter, _
 
@@ -56,8 +57,7 @@ HEADERS = {"overall": _("overall (sigma) [95% CI]"), "gripper": _("gripper agree
 CORRECTED = {"diff": _("vs baseline, Holm-adjusted 95% CI (m = {m})"),
              "p": _("p, sign-flip, Holm-adjusted (m = {m})")}
 # What a card may say of a build against the baseline (tables.json's "diff_verdict", release/measure/paired.py).
-VERDICT_LABELS = {"lower": _("lower"), "higher": _("higher"), "equivalent": _("equivalent within the margin"),
-                  "not shown": _("no difference shown")}
+VERDICT_LABELS = {"lower": _("lower"), "higher": _("higher"), "not shown": _("no difference shown")}
 # The columns of a results table on a path that is not fake quant (the seed's "served results").
 PATH_HEADERS = {
     "served": {"sigma": _("served sigma [95% CI]"), "diff": _("served vs baseline [95% CI]"),
@@ -115,16 +115,21 @@ def estimate(value: float, ci: list[float] | None, f: Formatter, t: Any, sign: b
 
 
 def verdict_label(record: dict[str, Any], f: Formatter, t: Any) -> str:
-    """The verdict of a build against the baseline; "-" for the baseline and figures without one."""
+    """The verdict of a build against the baseline, with "within +-margin" beside it where its Holm-level interval
+    lies inside the margin (a significant difference is never hidden by it); "-" for the baseline and figures
+    without one."""
     if record.get("diff_too_few_observations"):
         return t(TOO_FEW)
     v = record.get("diff_verdict")
     if v is None:
         return "-"
+    label = t(VERDICT_LABELS[v])
+    if record.get("within_margin"):
+        return t(_("{verdict}, within +-{margin} sigma")).format(verdict=label, margin=f.num(record["margin"]))
     if v == "not shown" and record.get("non_inferior"):
         return t(_("no difference shown; non-inferior (at most +{margin} sigma)")).format(
             margin=f.num(record["margin"]))
-    return t(VERDICT_LABELS[v])
+    return label
 
 
 # A deployed row's label says how it was computed (tables.json's "computed", from release eval): the device and kernel.
@@ -134,6 +139,19 @@ DEPLOYED_LABELS = {"cpu": _("deployed, CPU emulation"), EMULATION: _("deployed, 
 KERNELS = {EMULATION: _("the emulation of Hopper's FP8 GEMM on {device}"),
            MODELOPT: _("ModelOpt's FP8 GEMM on {device}"),
            SCALED_MM: _("an eager row-wise `torch._scaled_mm` on {device}")}
+
+
+def test_label(records: Iterable[dict[str, Any]], t: Any) -> str:
+    """The test behind the p-values of ``records``, named as what it was: "exact sign-flip test" only when every p
+    is exact (tables.json's "diff_p_exact"; a tables.json written before that field enumerated up to LISTED_MAX_N
+    observations and sampled beyond), "Monte Carlo sign-flip test" when none is, else both named."""
+    kinds = {r["diff_p_exact"] if "diff_p_exact" in r else r["n_obs"] <= LISTED_MAX_N
+             for r in records if r.get("diff_p") is not None}
+    if kinds == {False}:
+        return t(_("Monte Carlo sign-flip test"))
+    if False in kinds:
+        return t(_("sign-flip test, exact up to {n} observations and Monte Carlo beyond")).format(n=EXACT_MAX_N)
+    return t(_("exact sign-flip test"))
 
 
 def computations(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -245,7 +263,8 @@ NOT_DELIVERABLE = [
       "carry a recipe's weights."),
 ]
 TIE_BREAKS = {"gripper_agree": _("the higher gripper agreement"), "joint_mae_deg": _("the lower joint MAE")}
-GATE_CRITERIA = {"overall_sigma": _("overall"), "gripper_changes": _("gripper changes")}
+GATE_CRITERIA = {"overall_sigma": _("overall"), "gripper_changes": _("gripper changes"),
+                 "within_noise": _("not shown within its 95% interval")}
 # The plot's note beside a result that fails its gate names the result's path and split briefly.
 PATH_SHORT = {"fakequant": _("fake quant"), "deployed": _("deployed"), "served": _("served")}
 SPLIT_SHORT = {"calibration": _("calibration labs"), "validation": _("held-out labs"), "all": _("all labs")}

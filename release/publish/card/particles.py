@@ -1,4 +1,4 @@
-"""Korean particles after a rendered value.
+"""Korean particles after a rendered value, and brackets for parentheses within parentheses.
 
 A Korean particle has two forms, chosen by the sound the word before it ends in: 은/는, 이/가, 을/를, 과/와 take
 their first form after a final consonant, and 으로/로 takes 로 after a vowel or after ㄹ as well. A value rendered
@@ -65,10 +65,59 @@ def _latin(word: str) -> Sound:
     return "rieul" if last == "l" else "consonant" if last in "mn" or word.lower().endswith("ng") else "vowel"
 
 
+PAIRS = {")": "(", "]": "["}
+
+
+def _before_aside(text: str) -> str:
+    """``text`` without the asides in Latin letters, digits and symbols it ends in (``에뮬레이션 (torch 2.13.0+cpu)``
+    is ``에뮬레이션``): a version or gloss is not read aloud, and the particle after it agrees with the word before it,
+    as Korean orthography has it. An aside in Korean words is read (``FP8 (RTN, NVIDIA와 같은 레시피)``: after
+    레시피), and so is one with nothing before it (``(전달)``, a link's ``[text]``)."""
+    while text and text[-1] in PAIRS:
+        close, depth, start = text[-1], 0, None
+        for i in range(len(text) - 1, -1, -1):
+            depth += 1 if text[i] == close else -1 if text[i] == PAIRS[close] else 0
+            if depth == 0:
+                start = i
+                break
+        if start is None or not text[:start].strip() or any("가" <= c <= "힣" for c in text[start:]):
+            return text
+        text = text[:start].rstrip()
+    return text
+
+
+def outer_brackets(text: str) -> str:
+    """Parentheses within parentheses with the outer pair written as brackets, as Korean orthography has it
+    (``(캘리브레이션 랩 (표본 내))`` is ``[캘리브레이션 랩 (표본 내)]``). Code spans and a link's target (``](...)``)
+    are left as they are."""
+    out = list(text)
+    opened: list[list[int]] = []  # [index, whether it holds another pair] of each open parenthesis
+    code, target = False, 0  # inside a code span; the depth inside a link's target
+    for i, c in enumerate(text):
+        if c == "`":
+            code = not code
+        elif code:
+            continue
+        elif target:
+            target += 1 if c == "(" else -1 if c == ")" else 0
+        elif c == "(" and i and text[i - 1] == "]":
+            target = 1
+        elif c == "(":
+            if opened:
+                opened[-1][1] = 1
+            opened.append([i, 0])
+        elif c == ")" and opened:
+            start, holds = opened.pop()
+            if holds:
+                out[start], out[i] = "[", "]"
+    return "".join(out)
+
+
 def final_sound(text: str) -> Sound | None:
-    """How ``text`` ends when read aloud: after a vowel, after ㄹ, or after another consonant; None when its last
-    character is none of a Hangul syllable, a digit, a Latin letter or a known symbol."""
-    text = text.rstrip(CLOSING)
+    """How ``text`` ends when read aloud: after a vowel, after ㄹ, or after another consonant, a parenthetical aside at
+    its end passed over; None when its last character is none of a Hangul syllable, a digit, a Latin letter or a
+    known symbol."""
+    text = _before_aside(text).rstrip(CLOSING)
     if not text:
         return None
     last = text[-1]
@@ -102,8 +151,8 @@ def _form(before: str, marker: str) -> str:
 
 
 def resolve(text: str) -> str:
-    """Every particle marker in ``text`` in the form the text before it takes."""
-    return MARKER.sub(lambda m: _form(m.string[:m.start()], m.group()), text)
+    """Every particle marker in ``text`` in the form the text before it takes, then :func:`outer_brackets`."""
+    return outer_brackets(MARKER.sub(lambda m: _form(m.string[:m.start()], m.group()), text))
 
 
 class Text(str):

@@ -176,9 +176,11 @@ def forest_figure(tables: dict[str, Any], build: BuildConfig, lang: str, gates: 
     note_ax.set_yticks(range(len(rows)), ["\n".join(notes.get(b, [])) for b, _ in rows], fontsize=NOTE_SIZE,
                        color=FAILED)
     note_ax.tick_params(axis="y", length=0)
-    gate_ax.set_xlabel(t(_("overall action error (sigma, log scale) with 95% CI")), fontsize=9)
-    diff_ax.set_xlabel(t(_("difference to {baseline} (sigma)\nwith its Holm-adjusted 95% CI")).format(
-        baseline=baseline_name(tables).replace("`", "")), fontsize=9)
+    labels = [(gate_ax, t(_("overall action error (sigma, log scale) with 95% CI"))),
+              (diff_ax, t(_("difference to {baseline}\n(sigma) with its Holm-adjusted 95% CI")).format(
+                  baseline=baseline_name(tables).replace("`", "")))]
+    for ax, label in labels:
+        ax.set_xlabel(label, fontsize=9)
     handles += [Line2D([], [], color="tab:red", linestyle="--",
                        label=t(_("gate: overall <= {sigma} sigma")).format(sigma=f.num(build.gate.overall_sigma, 2))),
                 Line2D([], [], color="0.4", marker="o", linestyle="", **FAILED_MARKER,
@@ -186,5 +188,23 @@ def forest_figure(tables: dict[str, Any], build: BuildConfig, lang: str, gates: 
                                  "on the right"))),
                 Patch(color=HIGHLIGHT, label=t(_("this build")))]
     fig.legend(handles=handles, loc="lower center", ncol=2, fontsize=8.5, frameon=False)
-    fig.tight_layout(rect=(0, (0.22 * legend_rows + 0.15) / height, 1, 1))
+    rect = (0, (0.22 * legend_rows + 0.15) / height, 1, 1)
+    fig.tight_layout(rect=rect)
+    wrapped = [_fit_xlabel(fig, ax, label) for ax, label in labels]
+    if any(wrapped):
+        fig.tight_layout(rect=rect)
     return fig
+
+
+def _fit_xlabel(fig: Any, ax: Any, label: str) -> bool:
+    """Wrap ``ax``'s x label, as laid out, until it is no wider than the axes, so that it cannot run into the next
+    panel's (a long baseline title, a narrow panel); whether it had to."""
+    import textwrap
+
+    renderer = fig.canvas.get_renderer()
+    width = ax.get_window_extent(renderer).width
+    longest = chars = max(map(len, label.splitlines()))
+    while ax.xaxis.label.get_window_extent(renderer).width > width and chars > 12:
+        chars -= 1
+        ax.set_xlabel("\n".join(textwrap.fill(line, chars) for line in label.splitlines()), fontsize=9)
+    return chars < longest

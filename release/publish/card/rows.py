@@ -9,6 +9,7 @@ from typing import Any
 from release.check.report import MODELOPT_EXPORT, SELF_REFERENCE
 from release.core.config import BuildConfig
 from release.core.errors import ReleaseError
+from release.measure.paired import at_floor
 from release.publish.card.i18n import Formatter, _
 from release.publish.card.labels import (
     CHECK_LABELS,
@@ -57,7 +58,9 @@ def _check_detail(check: dict[str, Any], status: str, per_channel: bool, f: Form
         else:
             parts.append(t(_("codes equal a recomputation from the source, within {steps} FP8 steps of {source}"))
                          .format(steps=f.num(d["worst_fp8_steps"], 2), source=source))
-        parts.append(t(_("other tensors equal the source except {k} norms and `up_proj` with folded smoothing"))
+        # the tensors that differ from the source outside the FP8 Linears are the norms that smoothing folded into
+        # (an up_proj it folds into is an FP8 weight, held to the smoothed source weight above)
+        parts.append(t(_("other tensors equal the source except {k} norms with folded smoothing"))
                      .format(k=d["folded"]) if d["folded"] else t(_("other tensors equal the source")))
         return "; ".join(parts)
     if name == "consistency":
@@ -192,6 +195,14 @@ def use_requirements(prov: dict[str, Any], records: list[dict[str, Any]], f: For
                      "evaluation (`results/deployed-{split}.perf.json`);")).format(
             gib=f.num(peak["speed"]["build"]["peak_gib"], 1), device=peak["speed"]["build"]["device"],
             split=peak["split"])
+    elif any("weights_bytes" in r["computed"] for r in deployed):
+        r = next(r for r in deployed if "weights_bytes" in r["computed"])
+        bf16 = r["computed"].get("bf16_weights_bytes")
+        memory = t(_("memory, measured by the deployed evaluation on a CPU (the emulation; peak GPU memory was not "
+                     "measured): the loaded transformer's weights and buffers take {size}{bf16} "
+                     "(`results/deployed-{split}.npz`);")).format(
+            size=f.size(r["computed"]["weights_bytes"]), split=r["split"],
+            bf16="" if bf16 is None else t(_(", against {size} for BF16")).format(size=f.size(bf16)))
     elif deployed:
         memory = t(_("GPU memory: not measured, the deployed evaluation ran on a CPU;"))
     else:
@@ -245,7 +256,7 @@ def _p(r: dict[str, Any], f: Formatter, t: Any) -> str:
         return t(TOO_FEW)
     if r.get("diff_p_corrected") is None:  # the baseline, or figures without a p (the seed card's)
         return "-"
-    return f.p(r["diff_p_corrected"])
+    return f.p(r["diff_p_corrected"], at_most=at_floor(r["diff_p"], r.get("diff_p_floor")))
 
 
 def _gate(record: dict[str, Any] | None, t: Any) -> str:

@@ -4,6 +4,7 @@ scheme."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from babel.numbers import format_decimal
@@ -27,6 +28,7 @@ from release.publish.card.labels import (
     served_computations,
     served_how,
     served_imported,
+    test_label,
     verdict_label,
     where_label,
 )
@@ -62,7 +64,7 @@ def setup_rows(records: list[dict[str, Any]], release: ReleaseConfig, build: Bui
     seed_ys = next((r for r in records if r["build"] == "yardstick-seed"), None)
     rows = [
         (_("Quantized"), t(_("{n} Linear layers of the transformer: both towers x {layers} layers x `q/k/v/o` and "
-                            "`gate/up/down`; what stays BF16 is in the Scheme table")).format(
+                            "`gate/up/down`; what is not quantized is in the Scheme table")).format(
             n=prov["quantized_linears"], layers=layers)),
         (_("Scheme"), scheme),
         (_("Export"), t(_("ModelOpt {version} in NVIDIA's diffusers layout")).format(
@@ -77,9 +79,9 @@ def setup_rows(records: list[dict[str, Any]], release: ReleaseConfig, build: Bui
                                  "changes: steps whose binarized gripper (open / closed) differs from BF16"))),
         (_("Baseline"), baseline),
         (_("Statistics"), t(_("studentized bootstrap over observations, {r} resamples; the differences to {baseline} "
-                              "by exact sign-flip tests on paired observations, Holm-adjusted over the builds of a "
-                              "path and split"))
-         .format(r=format_decimal(resamples, locale=f.lang), baseline=baseline)),
+                              "tested on paired observations ({test}), Holm-adjusted over the builds of a path and "
+                              "split"))
+         .format(r=format_decimal(resamples, locale=f.lang), baseline=baseline, test=test_label(measured, t))),
         (_("Gate"), t(_("overall <= {sigma} sigma, gripper changes <= {rate} (<= {k} / {steps})")).format(
             sigma=f.num(build.gate.overall_sigma, 2), rate=f.pct(build.gate.gripper_change_rate, 1), k=limit,
             steps=steps[0] if steps else 0)),
@@ -112,7 +114,7 @@ def paths_rows(records: list[dict[str, Any]], t: Any) -> list[dict[str, str]]:
 
 
 def decision_rows(records: list[dict[str, Any]], release: ReleaseConfig, delivered_builds: list[str], baseline: str,
-                  f: Formatter, t: Any) -> list[dict[str, str]]:
+                  selection: SelectionDoc | None, f: Formatter, t: Any) -> list[dict[str, str]]:
     """The release's decision as the data stand: the delivered builds and their gates, the builds evaluated on more
     than one path and why they are not delivered, and what would settle the ranking."""
     measured = [r for r in records if r["path"] in MEASURED]
@@ -156,13 +158,36 @@ def decision_rows(records: list[dict[str, Any]], release: ReleaseConfig, deliver
                     paths=paths(rows), where=where_label(other["path"], other["split"], t, [other]),
                     baseline=baseline, verdict=verdict_label(other, f, t))
         out.append({"item": str(titles[b]), "content": text})
-    heldout = [r for r in measured if r["split"] == "validation"]
-    labs = ", ".join(release.heldout_labs)
-    settle = t(_("The builds were evaluated on held-out labs ({labs}): see those tables.")).format(labs=labs) \
-        if heldout else t(_("Evaluate again on observations from labs that calibration did not use ({labs}): "
-                            "`release eval NAME... --split validation`.")).format(labs=labs)
-    out.append({"item": t(_("To settle the ranking")), "content": settle})
+    out.append({"item": t(_("To settle the ranking")), "content": _settle(measured, release, selection, f, t)})
     return out
+
+
+def _settle(measured: list[dict[str, Any]], release: ReleaseConfig, selection: SelectionDoc | None, f: Formatter,
+            t: Any) -> str:
+    """What the data leave open about the ranking: where the selection scored, whether another split disagrees, and
+    how often the choice recurs in bootstrap resamples."""
+    labs = ", ".join(release.heldout_labs)
+    if not any(r["split"] == "validation" for r in measured):
+        return t(_("Evaluate again on observations from labs that calibration did not use ({labs}): `release eval "
+                   "NAME... --split validation`.")).format(labs=labs)
+    if selection is None:
+        return t(_("The builds were evaluated on held-out labs ({labs}); no selection was made from them: run "
+                   "`release select`.")).format(labs=labs)
+    if selection.rule.split != "validation":
+        return t(_("The selection scored the {split}; results on the held-out labs ({labs}) exist: select on them "
+                   "(`selection.split: validation` in `builds/release.yaml`).")).format(
+            split=t(SPLIT_LABELS[selection.rule.split]), labs=labs)
+    text = t(_("The selection scored the held-out labs ({labs}), which calibration never saw.")).format(labs=labs)
+    if any(not e.agrees for e in selection.elsewhere):
+        text += " " + t(_("The same rule on the other splits chooses otherwise (How it was selected)."))
+    stable = selection.stability
+    if stable is not None and stable.same_choice < 0.5:
+        text += " " + t(_("The choice is not stable: it recurs in only {same} of bootstrap resamples; more held-out "
+                          "observations would settle it.")).format(same=f.pct(stable.same_choice, 1))
+    elif stable is not None:
+        text += " " + t(_("The same choice recurs in {same} of bootstrap resamples.")).format(
+            same=f.pct(stable.same_choice, 1))
+    return text
 
 
 def constraint_lines(records: list[dict[str, Any]], selection: SelectionDoc | None, t: Any) -> list[str]:
@@ -190,6 +215,8 @@ def reproduction(records: list[dict[str, Any]], release: ReleaseConfig, build: B
     lines = [f"release build --all {data}" if release.sweep and set(names) >= set(release.sweep)
              else f"release build {' '.join(names)} {data}"]
     yardstick_splits = {r["split"] for r in records if r["path"] == "yardstick"}
+    chosen = set(selection.chosen) if selection else set()
+    after: list[str] = []  # the evaluations of the chosen builds, after the selection (as the campaign runs them)
     for path, split in groups_of(records, ("fakequant", "deployed", "served")):
         group = _sweep_order(release, {r["build"] for r in in_group(records, path, split)
                                        if path != "served" or served_computations([r])})
@@ -197,11 +224,15 @@ def reproduction(records: list[dict[str, Any]], release: ReleaseConfig, build: B
             continue
         extra = " --yardsticks" if split in yardstick_splits else ""
         yardstick_splits.discard(split)
+        if path != "fakequant" and set(group) == chosen:
+            after.append(f"release eval --chosen --path {path} --split {split} {data}{extra}")
+            continue
         which = "--all" if release.sweep and group == list(release.sweep) else " ".join(group)
         lines.append(f"release eval {which} --path {path} --split {split} {data}{extra}")
     lines += [f"release import-served {b} {b}-served.npz" for b in
               _sweep_order(release, {r["build"] for r in measured if served_imported([r])})]
-    lines += ["release tables", *(["release select"] if selection else []), f"release card --lang {','.join(langs)}"]
+    select = ["release tables", *(["release select"] if selection else [])]
+    lines += [*(select + after if after else []), *select, f"release card --lang {','.join(langs)}"]
     return lines
 
 
@@ -295,18 +326,49 @@ def recipe_text(build: BuildConfig, t: Any, independent: bool) -> str:
     return t(_("{recipe}; input scales: {observer}")).format(recipe=" + ".join(parts), observer=observer)
 
 
-def scheme_rows(build: BuildConfig, prov: dict[str, Any], t: Any, independent: bool) -> dict[str, str]:
+def _kept(build: BuildConfig, folder: Path, t: Any) -> str:
+    """The Scheme table's "Not quantized": the build file's ``kept_bf16`` modules grouped by the dtypes the build's
+    transformer stores them in (its safetensors headers: ``time_embedder`` is F32). A name covers the tensors with
+    it as a part of their module path, a plural (``norms``) every module whose name holds its singular; a name that
+    covers none is said to be absent. Without the checkpoint (a card made from the results alone) the bare names."""
+    from release.inputs.source import read_headers  # imports torch: only where a card has a checkpoint to read
+    from release.quantize.export import TRANSFORMER_INDEX
+
+    transformer = folder / "transformer"
+    if not any(transformer.glob("*.safetensors")):
+        return ", ".join(f"`{k}`" for k in build.kept_bf16)
+    dtypes: dict[str, set[str]] = {k: set() for k in build.kept_bf16}
+    for key, (dtype, _shape, _file) in read_headers(transformer, TRANSFORMER_INDEX).items():
+        parts = key.split(".")[:-1]
+        name = next((k for k in build.kept_bf16 if any(p == k or (k.endswith("s") and k[:-1] in p) for p in parts)),
+                    None)
+        if name is not None:
+            dtypes[name].add(dtype)
+    groups: dict[str, list[str]] = {}
+    for k in build.kept_bf16:
+        groups.setdefault("/".join(sorted(dtypes[k])), []).append(f"`{k}`")
+    absent = groups.pop("", [])
+    parts = [f"{dtype}: {', '.join(names)}" for dtype, names in groups.items()]
+    if absent:
+        parts.append(t(_("not in the transformer: {modules}")).format(modules=", ".join(absent)))
+    return "; ".join(parts)
+
+
+def scheme_rows(build: BuildConfig, prov: dict[str, Any], t: Any, independent: bool,
+                folder: Path) -> dict[str, str]:
     """The Scheme table; ``independent`` as for :func:`recipe_text` (otherwise the format is not said to be as in
-    NVIDIA's checkpoint, only written in its layout)."""
+    NVIDIA's checkpoint, only written in its layout); ``folder``: the build's, whose checkpoint gives the dtypes of
+    what is not quantized."""
     calibration = prov["calibration"]
     version = prov["versions"]["modelopt"]
+    kept = _kept(build, folder, t)
     if build.scheme == PER_CHANNEL:
-        return {"weights": t(_("FP8 E4M3, one scale per output channel")),
+        return {"kept": kept, "weights": t(_("FP8 E4M3, one scale per output channel")),
                 "activations": t(_("FP8 E4M3, one scale per token, computed at run time (no calibration)")),
                 "format": t(_("ModelOpt {version} `FP8_PER_CHANNEL_PER_TOKEN` (weights `strategy: channel`); "
                               "exploratory: NVIDIA's policy server cannot serve per-channel weight scales or per-token "
                               "activation scales")).format(version=version)}
-    return {"weights": t(_("FP8 E4M3, one scale per tensor")),
+    return {"kept": kept, "weights": t(_("FP8 E4M3, one scale per tensor")),
             "activations": t(_("FP8 E4M3, one static scale per tensor, calibrated on {calls} transformer calls of the "
                                "BF16 policy on {observations} observations")).format(
                 calls=calibration["calls"], observations=calibration["observations"]),
