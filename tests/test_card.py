@@ -256,6 +256,9 @@ def test_check_writes_nothing(card_dist: Path) -> None:
 def test_card_errors(card_dist: Path) -> None:
     result = invoke("card", "--dist", card_dist, "--lang", "en,xx")
     assert result.exit_code == 2 and "unknown language code 'xx'; supported: en, ko" in result.output
+    result = invoke("card", "--dist", card_dist, "--lang", "en,en")  # issue 47: no README.en.md beside README.md
+    assert result.exit_code == 2 and "--lang: 'en' is named twice; name each language once" in result.output
+    assert not list(card_dist.rglob("README*.md"))
     result = invoke("card", "rtn_hist", "--dist", card_dist)
     assert result.exit_code == 2 and "run 'release build rtn_hist' first" in result.output
     (card_dist / DELIVERED["rtn"] / "provenance.json").unlink()

@@ -179,3 +179,23 @@ def test_an_alias_bomb_a_deep_nesting_or_a_huge_file_is_refused_before_it_is_bui
         load_build("rtn")
     (builds / "rtn.yaml").write_text(original)
     assert load_build("rtn").name == "rtn"
+
+
+@pytest.mark.parametrize(("file", "old", "new", "field", "why"), [
+    # issue 52: values that pydantic would coerce are refused, each naming its field
+    ("rtn.yaml", "calibration_calls: 256", "calibration_calls: true", "calibration_calls", "valid integer"),
+    ("rtn.yaml", "  overall_sigma: 0.13", "  overall_sigma: .inf", "gate.overall_sigma", "finite number"),
+    ("release.yaml", "equivalence_margin: {of_baseline: 0.1}", "equivalence_margin: {sigma: .inf}",
+     "equivalence_margin.sigma", "finite number"),
+    ("release.yaml", "equivalence_margin: {of_baseline: 0.1}", "equivalence_margin: true", "equivalence_margin",
+     "not true or false"),
+    ("release.yaml", "equivalence_margin: {of_baseline: 0.1}", "equivalence_margin: compile", "equivalence_margin",
+     "'compile' is no longer a margin"),
+    ("release.yaml", "  count: 2", "  count: 2.0", "selection.count", "valid integer"),
+])
+def test_coercible_or_infinite_numbers_are_refused(builds: Path, file: str, old: str, new: str, field: str,
+                                                   why: str) -> None:
+    _replace(builds / file, old, new)
+    with pytest.raises(ReleaseError, match=rf"{file.replace('.', chr(92) + '.')}:\d+: field '{field}'") as err:
+        load_build("rtn") if file == "rtn.yaml" else load_release()
+    assert why in str(err.value) and "\n" not in str(err.value)

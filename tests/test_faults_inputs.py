@@ -705,3 +705,18 @@ def test_profile_target_that_is_a_folder_is_refused_before_any_work(tmp_path: Pa
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert f"RELEASE_PROFILE={tmp_path} is a folder" in result.output
     assert not (tmp_path / "dist").exists()
+
+
+def test_a_cache_under_a_file_is_one_line(rtn_build: Path, tiny: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """issue 52: RELEASE_CACHE under a regular file (a file where a folder must go) is a one-line error naming the
+    path, exit 2, not an internal error; nothing is written into the dist."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("RELEASE_CACHE", str(blocker / "cache"))
+    before = _snapshot(rtn_build.parent)
+    result = invoke("eval", "rtn", "--dist", rtn_build.parent, "--source", tiny / "source", "--observations",
+                    tiny / "observations")
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert f"error: {blocker}" in result.output and "a file stands where a folder must go" in result.output
+    assert "internal error" not in result.output and _snapshot(rtn_build.parent) == before

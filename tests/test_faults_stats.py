@@ -383,6 +383,10 @@ def test_rollout_speed_beside_the_results_reaches_tables_and_cards(dist: Path) -
     (json.dumps({"bf16": _speed(0.7, 28.9)}), "field 'build' is missing"),
     (json.dumps({"bf16": _speed(0.7, 28.9), "build": {"device": "x"}}), "field 'rollouts' is missing"),
     (json.dumps({"bf16": _speed(0.7, 28.9), "build": _speed(-1.0, 15.9)}), "must be positive numbers"),
+    (json.dumps({"bf16": _speed(1e308, 28.9), "build": _speed(0.9, 15.9)}), "from 1e-06 to 100000"),  # issue 47
+    (json.dumps({"bf16": _speed(0.7, 28.9), "build": _speed(5e-324, 15.9)}), "must be positive numbers from"),
+    (json.dumps({"bf16": _speed(0.7, 28.9), "build": _speed(0.9, -15.9)}), "must be positive numbers from"),
+    (json.dumps({"bf16": {**_speed(0.7, 28.9), "rollouts": 0}, "build": _speed(0.9, 15.9)}), "rollouts at least 1"),
     (json.dumps({"bf16": _speed(0.7, 28.9), "build": _speed(0.9, 15.9, "NVIDIA L4")}),
      "BF16 ran on NVIDIA H200, the build on NVIDIA L4"),
 ])
@@ -393,3 +397,34 @@ def test_bad_rollout_speed_is_a_one_line_error(dist: Path, doc: str, message: st
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert result.output.startswith(f"error: {perf}: ") and message in result.output, result.output
     assert not (dist / "tables").exists()
+
+
+# issue 47: the same results give the same bytes ----------------------------------------------------------------------
+
+def test_tables_and_selection_rerun_on_the_same_results_write_the_same_bytes(dist: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without SOURCE_DATE_EPOCH the tables take their date from the builds' provenance and the selection from the
+    tables, never the wall clock: a rerun an hour later changes no byte."""
+    import datetime as dt
+
+    import release.core.io as io
+
+    monkeypatch.delenv("SOURCE_DATE_EPOCH", raising=False)
+    tables(dist)
+    assert invoke("select", "--dist", dist).exit_code == 0
+    first = {p: (dist / p).read_bytes() for p in ("tables/tables.json", "selection.json")}
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+
+    class Clock(dt.datetime):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> dt.datetime:  # type: ignore[override]
+            return later
+
+    monkeypatch.setattr(io, "datetime", Clock)
+    tables(dist)
+    assert invoke("select", "--dist", dist).exit_code == 0
+    assert {p: (dist / p).read_bytes() for p in first} == first
+    dates = [json.loads(first["tables/tables.json"])["date"], json.loads(first["selection.json"])["date"]]
+    built = max(json.loads(p.read_text())["date"] for p in dist.glob("*/provenance.json"))
+    assert dt.datetime.fromisoformat(dates[0]) == dt.datetime.fromisoformat(built)
+    assert dt.datetime.fromisoformat(dates[1]) == dt.datetime.fromisoformat(built)

@@ -20,6 +20,8 @@ DEBUG_ENV = "RELEASE_DEBUG"
 # What the system refuses to a file the user named or a folder it is in (a read-only file system, permissions): the
 # user's to fix, said in one line; every output is written aside and put in place whole, so nothing is half-written.
 REFUSED_WRITES = (errno.EROFS, errno.EACCES, errno.EPERM)
+# a file where a folder must go (RELEASE_CACHE set to a file, or under one)
+BLOCKED_PATHS = (errno.ENOTDIR, errno.EEXIST)
 
 
 class _Terminated(KeyboardInterrupt):
@@ -87,6 +89,10 @@ class ReleaseGroup(_Command, _Commands):
             if isinstance(exc, OSError) and exc.errno in REFUSED_WRITES and exc.filename:
                 click.echo(f"error: {exc.filename}: {exc.strerror}; make it writable or choose another folder "
                            "(nothing was replaced)", err=True)
+                sys.exit(2)
+            if isinstance(exc, OSError) and exc.errno in BLOCKED_PATHS and exc.filename:
+                click.echo(f"error: {exc.filename}: {exc.strerror}: a file stands where a folder must go (check "
+                           "RELEASE_CACHE and the paths given); choose another folder (nothing was replaced)", err=True)
                 sys.exit(2)
             if type(exc).__name__ == "OutOfMemoryError":  # torch's: too little GPU memory, not a bug
                 from release.core.memory import out_of_memory

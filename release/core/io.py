@@ -409,12 +409,16 @@ def cache_dir() -> Path:
 LAST_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second an ISO date (and Python's datetime) can hold
 
 
-def build_date() -> str:
-    """UTC time of this run; ``SOURCE_DATE_EPOCH`` pins it for reproducible outputs."""
+def build_date(inputs: str | None = None) -> str:
+    """``SOURCE_DATE_EPOCH`` where set, else ``inputs`` (the date of the inputs an output is derived from, so that the
+    same inputs give the same bytes: the tables take their builds' latest, the selection its tables'), else the UTC
+    time of this run."""
     epoch = os.environ.get("SOURCE_DATE_EPOCH")
     if epoch and not (epoch.isascii() and epoch.isdigit() and int(epoch) <= LAST_EPOCH):
         raise ReleaseError(f"SOURCE_DATE_EPOCH={epoch[:40]!r}: must be whole seconds since 1970 up to {LAST_EPOCH} "
                            "(the end of year 9999), e.g. $(date +%s)")
+    if not epoch and inputs is not None:
+        return inputs
     when = datetime.fromtimestamp(int(epoch), UTC) if epoch else datetime.now(UTC)
     return when.replace(microsecond=0).isoformat()
 

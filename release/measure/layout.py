@@ -9,6 +9,7 @@ from pathlib import Path
 from release.core.builds import available_builds, load_build
 from release.core.config import BuildConfig
 from release.core.io import read_json
+from release.core.provenance import read_provenance
 
 RESULTS = "results"
 PERF = ".perf.json"  # beside a cached rollout or a results file: latency and peak GPU memory
@@ -42,3 +43,11 @@ def external_builds(dist: Path) -> list[BuildConfig]:
 def sweep_builds(dist: Path) -> list[BuildConfig]:
     """Every build that may have results in ``dist``: each build file's, then the external checkpoints."""
     return [*map(load_build, available_builds()), *external_builds(dist)]
+
+
+def builds_date(dist: Path, builds: list[BuildConfig]) -> str | None:
+    """The latest build date that the provenance of ``builds`` in ``dist`` records (None without any): the date of
+    the tables made from their results, so that a rerun on the same results writes the same bytes."""
+    dates = [str(read_provenance(dist / b.repo / "provenance.json", b.name)["date"]) for b in builds
+             if (dist / b.repo / "provenance.json").is_file()]
+    return max(dates, default=None)

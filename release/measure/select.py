@@ -263,10 +263,17 @@ class SelectRequest:
 def run_select(request: SelectRequest) -> SelectionDoc:
     """Rank the candidates and write ``selection.json`` (atomically); the date is pinned by ``SOURCE_DATE_EPOCH``."""
 
-    records = read_tables(request.tables)
+    tables = read_tables_doc(request.tables)
+    records: list[dict[str, Any]] = tables["records"]
     candidates, chosen = rank(request.rule, records, request.tables)
     stability = selection_stability(request, candidates, chosen)
-    doc = SelectionDoc(format=FORMAT, date=datetime.fromisoformat(build_date()), rule=request.rule,
+    made = tables.get("date") if isinstance(tables.get("date"), str) else None
+    try:
+        date = datetime.fromisoformat(build_date(made))
+    except ValueError as exc:
+        raise ReleaseError(f"{request.tables}: field 'date' is {made!r}, not an ISO date; run 'release tables' to "
+                           "rewrite it") from exc
+    doc = SelectionDoc(format=FORMAT, date=date, rule=request.rule,
                        tables_sha256=sha256_file(request.tables), candidates=candidates, chosen=chosen,
                        stability=stability if isinstance(stability, Stability) else None,
                        stability_skipped=None if isinstance(stability, Stability) else stability,

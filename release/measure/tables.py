@@ -17,7 +17,7 @@ from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, Gate, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import atomic_dir, atomic_write, build_date, parse_json, read_json, replaceable_folder, write_json
-from release.measure.layout import PERF, RESULTS, YARDSTICKS, sweep_builds
+from release.measure.layout import PERF, RESULTS, YARDSTICKS, builds_date, sweep_builds
 from release.measure.paired import (
     CORRECTION,
     INTERVAL_EXACT_MAX_N,
@@ -187,6 +187,9 @@ def read_computed(file: Path) -> dict[str, Any]:
     return {k: doc[k] for k in COMPUTED} | {"gemm_shapes": shapes} | served | weights
 
 
+SPEED_RANGE = (1e-6, 1e5)  # a rollout's seconds and GiB: what a machine can measure (NaN and 1e308 are damage)
+
+
 def read_speed(file: Path) -> dict[str, Any] | None:
     """The rollout latency and peak GPU memory that ``release eval`` on a GPU wrote beside the results ``file``,
     BF16's and the build's, and whether each ran as CUDA graphs (None when the rollouts ran on a CPU)."""
@@ -203,8 +206,10 @@ def read_speed(file: Path) -> dict[str, Any] | None:
     except (KeyError, TypeError, ValueError) as exc:
         raise ReleaseError(f"{path}: field {exc} is missing or not a number (each of 'bf16' and 'build' holds "
                            "device, rollouts, seconds_median, peak_gib); re-run 'release eval' to rewrite it") from None
-    if not all(math.isfinite(v) and v > 0 for s in sides.values() for v in (s["seconds"], s["peak_gib"])):
-        raise ReleaseError(f"{path}: seconds_median and peak_gib must be positive numbers; re-run 'release eval'")
+    if not all(SPEED_RANGE[0] <= v <= SPEED_RANGE[1] for s in sides.values() for v in (s["seconds"], s["peak_gib"])) \
+            or not all(s["rollouts"] >= 1 for s in sides.values()):
+        raise ReleaseError(f"{path}: seconds_median and peak_gib must be positive numbers from {SPEED_RANGE[0]:g} to "
+                           f"{SPEED_RANGE[1]:g} and rollouts at least 1; re-run 'release eval'")
     if sides["bf16"]["device"] != sides["build"]["device"]:
         raise ReleaseError(f"{path}: BF16 ran on {sides['bf16']['device']}, the build on {sides['build']['device']}; "
                            "re-run 'release eval' on one machine")
@@ -489,6 +494,7 @@ def run_tables(request: TablesRequest) -> dict[str, pd.DataFrame]:
         for name, frame in tables.items():
             atomic_write(staged / f"{name}.csv", frame.to_csv(index=False))
         write_json(staged / "tables.json", {"baseline": request.baseline, "resamples": request.resamples,
-                                            "bootstrap_seed": BOOTSTRAP_SEED, "date": build_date(),
+                                            "bootstrap_seed": BOOTSTRAP_SEED,
+                                            "date": build_date(builds_date(request.dist, request.builds)),
                                             "method": _json(method), "records": _json(records)})
     return tables

@@ -39,6 +39,9 @@ class CardRequest:
     @classmethod
     def create(cls, names: tuple[str, ...], dist: Path, lang: str, check: bool = False) -> CardRequest:
         langs = [code.strip() for code in lang.split(",") if code.strip()]
+        twice = next((code for i, code in enumerate(langs) if code in langs[:i]), None)
+        if twice is not None:
+            raise ReleaseError(f"--lang: {twice!r} is named twice; name each language once (e.g. --lang en,ko)")
         known = supported_languages()
         for code in langs:
             if code not in known:
