@@ -1,10 +1,11 @@
 """``release campaign``: the seed card's whole campaign in one command, resumable, within a small disk.
 
 From one load of the source and one calibration capture, each build of the sweep is made, verified and evaluated on
-the paths and splits of ``campaign.evals`` (``builds/release.yaml``); then the tables, the selection and the cards of
-the delivered builds follow. A build's checkpoint (its ``*.safetensors`` and ``*.pth`` files) is dropped once it is
-evaluated, unless it is sure to be delivered or is the other builds' verification reference: its provenance,
-verification report and results stay. Builds are byte-reproducible, so a dropped build that the selection chooses is
+the paths and splits of ``campaign.evals`` (``builds/release.yaml``); then the tables and the selection; then the
+evaluations of the delivered builds (``builds: chosen``: the evidence their cards cite); then the tables and the
+selection again, and the cards of the delivered builds. A build's checkpoint (its ``*.safetensors`` and ``*.pth``
+files) is dropped once it is evaluated, unless it is sure to be delivered or is the other builds' verification
+reference: its provenance, verification report and results stay. Builds are byte-reproducible, so a dropped build that the selection chooses is
 rebuilt and put back only if every file equals the bytes its verification report recorded.
 
 ``DIST/campaign.json`` records each finished step, with the key of the inputs it ran on (source revision,
