@@ -5,8 +5,9 @@ the paths and splits of ``campaign.evals`` (``builds/release.yaml``); then the t
 evaluations of the delivered builds (``builds: chosen``: the evidence their cards cite); then the tables and the
 selection again, and the cards of the delivered builds. A build's checkpoint (its ``*.safetensors`` and ``*.pth``
 files) is dropped once it is evaluated, unless it is sure to be delivered or is the other builds' verification
-reference: its provenance, verification report and results stay. Builds are byte-reproducible, so a dropped build that the selection chooses is
-rebuilt and put back only if every file equals the bytes its verification report recorded.
+reference: its provenance, verification report and results stay. Builds are byte-reproducible, so a dropped build
+that the selection chooses is rebuilt and put back only if every file equals the bytes its verification report
+recorded.
 
 ``DIST/campaign.json`` records each finished step, with the key of the inputs it ran on (source revision,
 observation set, build configuration, tool version): a killed campaign resumes after its last finished step (the
