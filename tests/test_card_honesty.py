@@ -127,10 +127,14 @@ def test_use_says_which_gpus_were_checked(card_dist: Path) -> None:
 
 
 def test_kept_modules_take_their_dtypes_from_the_checkpoint(tmp_path: Path) -> None:
+    """The build records the stored dtype of each kept module in provenance.json (``kept_dtypes``, from the exported
+    safetensors headers), so that a card rendered without the weights, from the manifest, says the same."""
+    from release.quantize.export import kept_dtypes
+
     build = load_build("rtn")
     prov = json.loads((CARD_INPUTS / RTN / "provenance.json").read_text())
     t = translations("en").gettext
-    assert scheme_rows(build, prov, t, False, tmp_path)["kept"] == ", ".join(f"`{k}`" for k in build.kept_bf16)
+    assert scheme_rows(build, prov, t, False)["kept"] == ", ".join(f"`{k}`" for k in build.kept_bf16)
     (tmp_path / "transformer").mkdir()
     tensors = {"time_embedder.linear_1.weight": torch.zeros(2, dtype=torch.float32),
                "layers.0.input_layernorm.weight": torch.zeros(2, dtype=torch.bfloat16),
@@ -139,11 +143,12 @@ def test_kept_modules_take_their_dtypes_from_the_checkpoint(tmp_path: Path) -> N
     tensors |= {f"{k}.weight": torch.zeros(2, dtype=torch.bfloat16) for k in build.kept_bf16
                 if k not in ("time_embedder", "vision_encoder", "norms")}
     save_file(tensors, str(tmp_path / "transformer" / "diffusion_pytorch_model.safetensors"))
-    kept = scheme_rows(build, prov, t, False, tmp_path)["kept"]
+    prov["kept_dtypes"] = kept_dtypes(build, tmp_path / "transformer")
+    assert prov["kept_dtypes"]["time_embedder"] == ["F32"] and prov["kept_dtypes"]["vision_encoder"] == []
+    kept = scheme_rows(build, prov, t, False)["kept"]
     assert kept.startswith("BF16: `proj_in`, `proj_out`, ") and "`embed_tokens`, `norms`; F32: `time_embedder`" in kept
     assert kept.endswith("; not in the transformer: `vision_encoder`") and "F8_E4M3" not in kept
-    assert "트랜스포머에 없음: `vision_encoder`" in scheme_rows(build, prov, translations("ko").gettext, False,
-                                                              tmp_path)["kept"]
+    assert "트랜스포머에 없음: `vision_encoder`" in scheme_rows(build, prov, translations("ko").gettext, False)["kept"]
 
 
 @pytest.mark.parametrize(("other", "expected"), [

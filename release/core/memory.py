@@ -204,13 +204,8 @@ def state_dict(model: torch.nn.Module) -> dict[str, Any]:
 
 
 def resident_bytes(model: torch.nn.Module) -> int:
-    """The bytes of a loaded model's parameters and buffers (each storage once): its weight memory as loaded,
-    measured on any device (on a CPU, the only memory figure the deployed evaluation has)."""
-    seen: dict[int, int] = {}
-    for tensor in (*model.parameters(), *model.buffers()):
-        try:
-            storage = tensor.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-        except (RuntimeError, NotImplementedError):  # a tensor subclass without one storage (TorchAO's FP8 tensors)
-            seen[id(tensor)] = tensor.numel() * tensor.element_size()
-    return sum(seen.values())
+    """The bytes of a loaded model's parameters and buffers (each tensor once; tied ones are one): its weight memory
+    as loaded, counted by shape and dtype so that the figure is the same wherever the layers are placed (a capped
+    GPU's offloaded layers, a CPU) and for tensor subclasses (TorchAO's FP8 tensors)."""
+    tensors = [*(p for _, p in model.named_parameters()), *(b for _, b in model.named_buffers())]
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -283,7 +283,7 @@ class Builder:
         import modelopt
 
         from release.inputs.policy import map_tensors
-        from release.quantize.export import export_build
+        from release.quantize.export import export_build, kept_dtypes
         from release.quantize.recipes import changes_weights, max_weight_error, quantize, steps
 
         request, data, source, device = self.request, self.data, self.source, self.device
@@ -338,6 +338,7 @@ class Builder:
                                        "sha256": CalibrationData.digest(algorithm) if uses_data else None},
                     "quantized_linears": exported["quantized_linears"],
                     "fp8": {k: exported[k] for k in ("codes_sha256", "codes", "input_amax")},
+                    "kept_dtypes": kept_dtypes(build, tmp / "transformer"),
                     "config_sha256": build.digest(),
                     "date": build_date(),
                 }

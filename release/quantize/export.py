@@ -283,3 +283,20 @@ def _copy_components(source: Path, out: Path) -> None:
             shutil.copytree(item, out / item.name)
         else:
             shutil.copy2(item, out / item.name)
+
+
+def kept_dtypes(build: BuildConfig, transformer: Path) -> dict[str, list[str]]:
+    """The dtypes in which the exported ``transformer`` stores each module that ``kept_bf16`` names (its safetensors
+    headers: ``time_embedder`` is F32), for the card's "Not quantized" row; recorded in ``provenance.json`` so that a
+    card rendered without the weights (from the manifest) says the same. A name covers the tensors with it as a part
+    of their module path, a plural (``norms``) every module whose name holds its singular; none: an empty list."""
+    from release.inputs.source import read_headers
+
+    dtypes: dict[str, set[str]] = {k: set() for k in build.kept_bf16}
+    for key, (dtype, _shape, _file) in read_headers(transformer, TRANSFORMER_INDEX).items():
+        parts = key.split(".")[:-1]
+        name = next((k for k in build.kept_bf16 if any(p == k or (k.endswith("s") and k[:-1] in p) for p in parts)),
+                    None)
+        if name is not None:
+            dtypes[name].add(dtype)
+    return {k: sorted(v) for k, v in dtypes.items()}

@@ -194,7 +194,7 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
         "serving": serving(folder, release, mine, build.name, build.deliverable, t),
         "license_copied": bool(source.get("license")), "origin": source_origin(prov),
         "independent": independent, "recipe_text": recipe_text(build, t, independent),
-        "scheme": scheme_rows(build, prov, t, independent, folder), "source_note": source_note,
+        "scheme": scheme_rows(build, prov, t, independent), "source_note": source_note,
         "built_date": f.date(date), "gate_sigma": f.num(build.gate.overall_sigma, 2),
         "gate_rate": f.pct(build.gate.gripper_change_rate, 1), "gate_verdict": gate_verdict,
         "verification_reference": Path(report["reference"]).name if report.get("reference") else "",

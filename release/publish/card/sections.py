@@ -4,7 +4,6 @@ scheme."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from babel.numbers import format_decimal
@@ -326,27 +325,16 @@ def recipe_text(build: BuildConfig, t: Any, independent: bool) -> str:
     return t(_("{recipe}; input scales: {observer}")).format(recipe=" + ".join(parts), observer=observer)
 
 
-def _kept(build: BuildConfig, folder: Path, t: Any) -> str:
+def _kept(build: BuildConfig, prov: dict[str, Any], t: Any) -> str:
     """The Scheme table's "Not quantized": the build file's ``kept_bf16`` modules grouped by the dtypes the build's
-    transformer stores them in (its safetensors headers: ``time_embedder`` is F32). A name covers the tensors with
-    it as a part of their module path, a plural (``norms``) every module whose name holds its singular; a name that
-    covers none is said to be absent. Without the checkpoint (a card made from the results alone) the bare names."""
-    from release.inputs.source import read_headers  # imports torch: only where a card has a checkpoint to read
-    from release.quantize.export import TRANSFORMER_INDEX
-
-    transformer = folder / "transformer"
-    if not any(transformer.glob("*.safetensors")):
+    transformer stores them in, as ``provenance.json`` records them (``kept_dtypes``); a module stored in none is said
+    to be absent. A provenance written before that record: the bare names."""
+    recorded = prov.get("kept_dtypes")
+    if not isinstance(recorded, dict):
         return ", ".join(f"`{k}`" for k in build.kept_bf16)
-    dtypes: dict[str, set[str]] = {k: set() for k in build.kept_bf16}
-    for key, (dtype, _shape, _file) in read_headers(transformer, TRANSFORMER_INDEX).items():
-        parts = key.split(".")[:-1]
-        name = next((k for k in build.kept_bf16 if any(p == k or (k.endswith("s") and k[:-1] in p) for p in parts)),
-                    None)
-        if name is not None:
-            dtypes[name].add(dtype)
     groups: dict[str, list[str]] = {}
     for k in build.kept_bf16:
-        groups.setdefault("/".join(sorted(dtypes[k])), []).append(f"`{k}`")
+        groups.setdefault("/".join(recorded.get(k) or []), []).append(f"`{k}`")
     absent = groups.pop("", [])
     parts = [f"{dtype}: {', '.join(names)}" for dtype, names in groups.items()]
     if absent:
@@ -354,14 +342,12 @@ def _kept(build: BuildConfig, folder: Path, t: Any) -> str:
     return "; ".join(parts)
 
 
-def scheme_rows(build: BuildConfig, prov: dict[str, Any], t: Any, independent: bool,
-                folder: Path) -> dict[str, str]:
+def scheme_rows(build: BuildConfig, prov: dict[str, Any], t: Any, independent: bool) -> dict[str, str]:
     """The Scheme table; ``independent`` as for :func:`recipe_text` (otherwise the format is not said to be as in
-    NVIDIA's checkpoint, only written in its layout); ``folder``: the build's, whose checkpoint gives the dtypes of
-    what is not quantized."""
+    NVIDIA's checkpoint, only written in its layout)."""
     calibration = prov["calibration"]
     version = prov["versions"]["modelopt"]
-    kept = _kept(build, folder, t)
+    kept = _kept(build, prov, t)
     if build.scheme == PER_CHANNEL:
         return {"kept": kept, "weights": t(_("FP8 E4M3, one scale per output channel")),
                 "activations": t(_("FP8 E4M3, one scale per token, computed at run time (no calibration)")),
