@@ -2,19 +2,20 @@
 against single-core sha256.
 
 Usage: .venv/bin/python bench/push_hash.py NANO_DIR   (NANO_DIR from bench/layout_check.py: a Nano-size FP8 checkpoint)
-Three sibling repos are made of hard links to NANO_DIR's shards (distinct paths, so each is hashed), with a
-provenance.json each; the plan hashes and scans every file for secrets (no verification manifest to compare).
+Three sibling repos are made of hard links to NANO_DIR's shards (distinct paths, so each is hashed); the plan hashes
+and scans every file for secrets (no verification manifest to compare). The target is empty: a target's own files are
+hashed by content on every plan (release.publish.remotes.FolderRemote), never from the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from release.core.builds import load_build
 from release.publish.gate import checked_files
@@ -34,17 +35,18 @@ def main(nano: Path) -> None:
             for shard in (nano / "transformer").iterdir():
                 os.link(shard, folder / "transformer" / shard.name)
                 total += shard.stat().st_size
-            (folder / "provenance.json").write_text(json.dumps({"source": {"revision": "0" * 40}}))
         builds = [load_build(n) for n in SEED_DELIVERED]
         from release.publish.remotes import FolderRemote
 
+        request = SimpleNamespace(org="np-cr", revision="main", private=False, tag="v1.0.0",  # what a plan reads
+                                  commit_message="bench", force=None, create_pr=False)
         for label in ("first run (hashes everything)", "second run (hash cache)"):
             cache = HashCache(Path(tmp) / "hashes.json")
-            remote = FolderRemote(Path(tmp) / "hub", cache)
+            remote = FolderRemote(Path(tmp) / "hub")  # empty: the target's own files are hashed on every plan
             t = time.perf_counter()
             for build in builds:
-                local = checked_files(dist / build.repo, build.name, None, cache)
-                plan_repo(remote, build, dist / build.repo, f"np-cr/{build.repo}", local, None)
+                local = checked_files(dist / build.repo, build.name, None, cache, ["en"])
+                plan_repo(remote, request, build, dist / build.repo, local)  # type: ignore[arg-type]
             cache.save()
             wall = time.perf_counter() - t
             rate = f", {cache.hashed_bytes / wall / 1e9:.2f} GB/s hashed" if cache.hashed_bytes else ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -221,3 +222,92 @@ def release_lock(carded: Path) -> Path:
     result = invoke("manifest", "--dist", carded, "--out", out)
     assert result.exit_code == 0, result.output
     return out
+
+
+# The narrowed campaign (tests/test_campaign_command.py, tests/test_idempotence.py): three builds, finished once.
+EPOCH = "1767225600"
+RTN, MAVG, MAVG005 = ("Cosmos3-Nano-Policy-DROID-FP8", "Cosmos3-Nano-Policy-DROID-FP8-RTN-MovingAvgObserver",
+                      "Cosmos3-Nano-Policy-DROID-FP8-RTN-MovingAvg005")
+
+
+def _narrow(builds: Path) -> None:
+    """Three builds (RTN and two moving-average observers: one capture pass), both fake-quant splits, the deployed
+    path of the chosen builds, no yardsticks (a fixed margin instead: torch.compile on the CPU is slow), 64
+    calibration calls; RTN 'always', one more by rank, and a gate that only rtn_mavg005 (not one of the seed's five
+    served builds) passes, so that a dropped build is chosen and gets its deployed results before the cards."""
+    path = builds / "release.yaml"
+    text = re.sub(r"\nsweep: \[.*?\]\n", "\nsweep: [rtn, rtn_mavg, rtn_mavg005]\n", path.read_text(), flags=re.S)
+    text = re.sub(r"candidates: \[.*?\]", "candidates: [rtn, rtn_mavg, rtn_mavg005]", text)
+    text = text.replace("count: 2", "count: 1").replace("equivalence_margin: {of_baseline: 0.1}",
+                                                        "equivalence_margin: {sigma: 0.01}")
+    text = re.sub(r"    - \{path: deployed.*builds: \[.*\n", "", text).replace("yardsticks: [calibration, validation]",
+                                                                      "yardsticks: []")
+    path.write_text(text)
+    for name in ("rtn", "rtn_mavg", "rtn_mavg005"):
+        file = builds / f"{name}.yaml"
+        text = file.read_text().replace("calibration_calls: 256", "calibration_calls: 64")
+        if name == "rtn_mavg005":
+            text = text.replace("gripper_change_rate: 0.005", "gripper_change_rate: 0.05")
+        file.write_text(text.replace("algorithm_calls: 32", "algorithm_calls: 8"))
+
+
+def dist_files(dist: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(dist)): p.read_bytes() for p in sorted(dist.rglob("*")) if p.is_file()}
+
+
+def campaign_args(small: Path, dist: Path) -> list[str]:
+    return ["campaign", "--source", str(small / "source"), "--observations", str(small / "observations"),
+            "--dist", str(dist)]
+
+
+@pytest.fixture(scope="session")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny fixture of 10 calibration-lab and 10 held-out observations (the statistics' minimum N)."""
+    from release.inputs.fixture import write_fixture
+
+    out = tmp_path_factory.mktemp("campaign-fixture") / "fixture"
+    write_fixture(out, n_obs=10, heldout=10)
+    return out
+
+
+@pytest.fixture(scope="session")
+def narrowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    builds = tmp_path_factory.mktemp("campaign-builds") / "builds"
+    shutil.copytree(ROOT / "builds", builds)
+    _narrow(builds)
+    return builds
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(small: Path, narrowed: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One campaign from start to end, in process, with its own caches."""
+    dist = tmp_path_factory.mktemp("campaign-whole") / "dist"
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RELEASE_BUILDS", str(narrowed))
+    mp.setenv("RELEASE_CACHE", str(dist.parent / "cache"))
+    mp.setenv("SOURCE_DATE_EPOCH", EPOCH)
+    try:
+        result = invoke(*campaign_args(small, dist))
+    finally:
+        mp.undo()
+    assert result.exit_code == 0, result.output
+    return dist, result.output
+
+
+def add_card(folder: Path, text: str = "---\nlicense: other\n---\n# card\n") -> None:
+    """The files `release card` writes after verification (a push needs README.md and LICENSE), and the tables it
+    makes them from when the dist has none (the card data's, with results for rtn, sq_auto and rtn_mavg: a push
+    publishes evaluated builds only)."""
+    write_card(folder, "README.md", text)
+    write_card(folder, "LICENSE", "OpenMDW License 1.1\n")
+    if not (folder.parent / "tables").exists():
+        shutil.copytree(CARD_DATA / "tables", folder.parent / "tables")
+
+
+@pytest.fixture
+def dist(rtn_build: Path, tmp_path: Path) -> Path:
+    """The RTN build with a card, in a dist of its own (a module may define its own ``dist``)."""
+    d = tmp_path / "dist"
+    shutil.copytree(rtn_build, d / rtn_build.name)
+    add_card(d / rtn_build.name)
+    return d

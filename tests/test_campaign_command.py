@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -16,77 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, invoke
-
-EPOCH = "1767225600"
-RTN, MAVG, MAVG005 = ("Cosmos3-Nano-Policy-DROID-FP8", "Cosmos3-Nano-Policy-DROID-FP8-RTN-MovingAvgObserver",
-                      "Cosmos3-Nano-Policy-DROID-FP8-RTN-MovingAvg005")
-
-
-def _narrow(builds: Path) -> None:
-    """Three builds (RTN and two moving-average observers: one capture pass), both fake-quant splits, the deployed
-    path of the chosen builds, no yardsticks (a fixed margin instead: torch.compile on the CPU is slow), 64
-    calibration calls; RTN 'always', one more by rank, and a gate that only rtn_mavg005 (not one of the seed's five
-    served builds) passes, so that a dropped build is chosen and gets its deployed results before the cards."""
-    path = builds / "release.yaml"
-    text = re.sub(r"\nsweep: \[.*?\]\n", "\nsweep: [rtn, rtn_mavg, rtn_mavg005]\n", path.read_text(), flags=re.S)
-    text = re.sub(r"candidates: \[.*?\]", "candidates: [rtn, rtn_mavg, rtn_mavg005]", text)
-    text = text.replace("count: 2", "count: 1").replace("equivalence_margin: {of_baseline: 0.1}",
-                                                        "equivalence_margin: {sigma: 0.01}")
-    text = re.sub(r"    - \{path: deployed.*builds: \[.*\n", "", text).replace("yardsticks: [calibration, validation]",
-                                                                      "yardsticks: []")
-    path.write_text(text)
-    for name in ("rtn", "rtn_mavg", "rtn_mavg005"):
-        file = builds / f"{name}.yaml"
-        text = file.read_text().replace("calibration_calls: 256", "calibration_calls: 64")
-        if name == "rtn_mavg005":
-            text = text.replace("gripper_change_rate: 0.005", "gripper_change_rate: 0.05")
-        file.write_text(text.replace("algorithm_calls: 32", "algorithm_calls: 8"))
-
-
-def _files(dist: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(dist)): p.read_bytes() for p in sorted(dist.rglob("*")) if p.is_file()}
-
-
-def _args(small: Path, dist: Path) -> list[str]:
-    return ["campaign", "--source", str(small / "source"), "--observations", str(small / "observations"),
-            "--dist", str(dist)]
-
-
-@pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny fixture of 10 calibration-lab and 10 held-out observations (the statistics' minimum N)."""
-    from release.inputs.fixture import write_fixture
-
-    out = tmp_path_factory.mktemp("campaign-fixture") / "fixture"
-    write_fixture(out, n_obs=10, heldout=10)
-    return out
-
-
-@pytest.fixture(scope="module")
-def narrowed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import shutil
-
-    builds = tmp_path_factory.mktemp("campaign-builds") / "builds"
-    shutil.copytree(ROOT / "builds", builds)
-    _narrow(builds)
-    return builds
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(small: Path, narrowed: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """One campaign from start to end, in process, with its own caches."""
-    dist = tmp_path_factory.mktemp("campaign-whole") / "dist"
-    mp = pytest.MonkeyPatch()
-    mp.setenv("RELEASE_BUILDS", str(narrowed))
-    mp.setenv("RELEASE_CACHE", str(dist.parent / "cache"))
-    mp.setenv("SOURCE_DATE_EPOCH", EPOCH)
-    try:
-        result = invoke(*_args(small, dist))
-    finally:
-        mp.undo()
-    assert result.exit_code == 0, result.output
-    return dist, result.output
+from tests.conftest import EPOCH, MAVG, MAVG005, ROOT, RTN, campaign_args, dist_files, invoke
 
 
 def test_the_campaign_selects_rebuilds_the_chosen_and_cards_the_delivered(uninterrupted: tuple[Path, str]) -> None:
@@ -144,7 +73,7 @@ def test_a_killed_campaign_resumes_to_the_same_bytes(small: Path, narrowed: Path
     dist = tmp_path / "dist"
     env = {**os.environ, "RELEASE_BUILDS": str(narrowed), "RELEASE_CACHE": str(tmp_path / "cache"),
            "SOURCE_DATE_EPOCH": EPOCH, "PYTHONPATH": str(ROOT)}
-    args = _args(small, dist)
+    args = campaign_args(small, dist)
     journal = dist / "campaign.json"
     # 1. after a build: the RTN build is in place, not yet recorded as verified
     _run_until(args, env, lambda: (dist / RTN / "provenance.json").is_file())
@@ -157,7 +86,7 @@ def test_a_killed_campaign_resumes_to_the_same_bytes(small: Path, narrowed: Path
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr
     whole, _ = uninterrupted
-    ours, theirs = _files(dist), _files(whole)
+    ours, theirs = dist_files(dist), dist_files(whole)
     assert sorted(ours) == sorted(theirs)
     assert [name for name in ours if ours[name] != theirs[name]] == []
 
@@ -182,7 +111,7 @@ def test_a_rebuild_that_differs_from_the_verified_bytes_is_refused(uninterrupted
     report.write_text(json.dumps(raw))
     monkeypatch.setenv("RELEASE_BUILDS", str(narrowed))
     monkeypatch.setenv("RELEASE_CACHE", str(uninterrupted[0].parent / "cache"))
-    result = invoke(*_args(small, dist))
+    result = invoke(*campaign_args(small, dist))
     assert result.exit_code == 2, result.output
     assert f"{shard}: the rebuilt rtn_mavg005 differs from the bytes its verification saw" in result.output
     assert "0" * 64 in result.output and not (dist / MAVG005 / shard).exists()
@@ -202,7 +131,7 @@ def test_a_damaged_journal_is_named(uninterrupted: tuple[Path, str], small: Path
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     dist = _copy(uninterrupted, tmp_path, monkeypatch, narrowed)
     (dist / "campaign.json").write_text('{"format": "release-campaign/1", "builds": ')
-    result = invoke(*_args(small, dist))
+    result = invoke(*campaign_args(small, dist))
     assert result.exit_code == 2, result.output
     assert f"error: {dist / 'campaign.json'}" in result.output and "Traceback" not in result.output
 
@@ -223,7 +152,7 @@ def test_too_little_disk_to_put_a_chosen_build_back_is_refused_before_the_rebuil
         (dist / MAVG005 / rel).unlink()
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
-    result = invoke(*_args(small, dist))
+    result = invoke(*campaign_args(small, dist))
     assert result.exit_code == 2, result.output
     assert "putting back the weights of rtn_mavg005 needs" in result.output and "0.0 GB are free" in result.output
     assert not (dist / ".campaign-rebuild").exists()
@@ -239,6 +168,6 @@ def test_an_evaluation_naming_no_build_file_is_refused(narrowed: Path, small: Pa
     path.write_text(path.read_text().replace("  evals:\n", "  evals:\n    - {path: deployed, split: validation, "
                                                              "builds: [rtn, no_such_build]}\n"))
     monkeypatch.setenv("RELEASE_BUILDS", str(builds))
-    result = invoke(*_args(small, tmp_path / "dist"))
+    result = invoke(*campaign_args(small, tmp_path / "dist"))
     assert result.exit_code == 2, result.output
     assert "no_such_build" in result.output and not (tmp_path / "dist").exists()

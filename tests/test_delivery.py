@@ -20,9 +20,9 @@ def _override(builds: Path, text: str) -> None:
     release.write_text(release.read_text() + f"override:\n{text}")
 
 
-def _refused(result: object, *parts: str) -> str:
+def _refused(result: object, *parts: str, code: int = 1) -> str:
     out: str = result.output  # type: ignore[attr-defined]
-    assert result.exit_code == 1, out  # type: ignore[attr-defined]
+    assert result.exit_code == code, out  # type: ignore[attr-defined]
     assert out.startswith("error: ") and out.count("\n") == 1 and "internal error" not in out, out
     for part in parts:
         assert part in out, (part, out)
@@ -106,7 +106,7 @@ def test_an_override_that_changes_nothing_is_refused(card_data: Path, builds: Pa
     assert invoke("select", "--dist", card_data).exit_code == 0
     _override(builds, "  rtn_mavg: {deliver: true, reason: it is good}\n")  # the selection chose it already
     _refused(invoke("card", "rtn", "--dist", card_data), "override.rtn_mavg", "chose 'rtn_mavg'",
-             "chosen: rtn, rtn_mavg", "remove the override")
+             "chosen: rtn, rtn_mavg", "remove the override", code=2)  # a configuration error, not a refused push
 
 
 def test_an_override_needs_a_repo_and_a_reason(builds: Path, card_data: Path) -> None:

@@ -24,20 +24,12 @@ import numpy as np
 import pytest
 
 from release.core.errors import ReleaseError
-from tests.conftest import ROOT, invoke, write_card
+from tests.conftest import ROOT, add_card, invoke, write_card
 from tests.hub_server import FakeHub
-from tests.test_push import RTN, add_card
+from tests.test_push import RTN
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")  # huggingface_hub
 HF_TOKEN_LIKE = "hf_" + "Q" * 34
-
-
-@pytest.fixture
-def dist(rtn_build: Path, tmp_path: Path) -> Path:
-    d = tmp_path / "dist"
-    shutil.copytree(rtn_build, d / RTN)
-    add_card(d / RTN)
-    return d
 
 
 def _push(dist: Path, target: Path, *args: str) -> Any:
@@ -126,7 +118,8 @@ def test_card_files_may_follow_verification_but_readme_and_license_are_required(
 
 @pytest.mark.parametrize("rel, make, message", [
     ("README.evil.md", lambda f, t: (f / "README.evil.md").write_text("# not the tool's\n"),
-     "not written by this tool"),
+     "no file this release writes (its languages: en, ko"),
+    ("README.ko.md", lambda f, t: (f / "README.ko.md").write_text("# not the tool's\n"), "not written by this tool"),
     ("results/hl.npz", lambda f, t: (f / "results").mkdir(exist_ok=True) or os.link(t, f / "results" / "hl.npz"),
      "not written by this tool"),
     ("README.md", lambda f, t: (f / "README.md").write_text("# edited by hand\n"), "changed since 'release card'"),

@@ -14,29 +14,11 @@ from click.testing import Result
 from release.check.written import WRITTEN
 from release.core.builds import release_notes
 from release.core.errors import ReleaseError
-from tests.conftest import CARD_DATA, HUB_TOKEN, choose, invoke, write_card
+from tests.conftest import HUB_TOKEN, add_card, choose, invoke, write_card
 from tests.hub_server import FakeHub
 
 RTN = "Cosmos3-Nano-Policy-DROID-FP8"
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")  # huggingface_hub
-
-
-def add_card(folder: Path, text: str = "---\nlicense: other\n---\n# card\n") -> None:
-    """The files `release card` writes after verification (a push needs README.md and LICENSE), and the tables it
-    makes them from when the dist has none (the card data's, with results for rtn, sq_auto and rtn_mavg: a push
-    publishes evaluated builds only)."""
-    write_card(folder, "README.md", text)
-    write_card(folder, "LICENSE", "OpenMDW License 1.1\n")
-    if not (folder.parent / "tables").exists():
-        shutil.copytree(CARD_DATA / "tables", folder.parent / "tables")
-
-
-@pytest.fixture
-def dist(rtn_build: Path, tmp_path: Path) -> Path:
-    d = tmp_path / "dist"
-    shutil.copytree(rtn_build, d / rtn_build.name)
-    add_card(d / rtn_build.name)
-    return d
 
 
 def test_folder_target_plan_push_and_noop(dist: Path, tmp_path: Path) -> None:
@@ -164,7 +146,7 @@ def test_hub_stale_parent_is_refused(hub: FakeHub, dist: Path) -> None:
     write_card(dist / RTN, "README.md", "---\nlicense: other\n---\n# stale\n")
     request = PushRequest.create(("rtn",), None, dist, False, hub.url, retag=True)
     remote = HubRemote(hub.url)
-    local = checked_files(dist / RTN, "rtn", request.reports["rtn"], HashCache(dist / "h.json"))
+    local = checked_files(dist / RTN, "rtn", request.reports["rtn"], HashCache(dist / "h.json"), ["en", "ko"])
     plan = plan_repo(remote, request, load_build("rtn"), dist / RTN, local)
     hub.move_branch(f"np-cr/{RTN}")  # someone else commits between plan and push
     with pytest.raises(ReleaseError, match=r"the branch moved after the plan .* nothing was overwritten"):

@@ -4,7 +4,6 @@ each repo's result with its commit and the totals, never the plan; `--format jso
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,19 +12,11 @@ from release.check.written import WRITTEN
 from release.publish.plan import human_size
 from tests.conftest import invoke, write_card
 from tests.hub_server import FakeHub
-from tests.test_push import RTN, add_card
+from tests.test_push import RTN
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")  # huggingface_hub
 REPO = f"np-cr/{RTN}"
 PLAN_LINES = (f"## {REPO}", "| file | action | size | storage |", "Commit message: ", "Tag `v1.0.0`")
-
-
-@pytest.fixture
-def dist(rtn_build: Path, tmp_path: Path) -> Path:
-    d = tmp_path / "dist"
-    shutil.copytree(rtn_build, d / RTN)
-    add_card(d / RTN)
-    return d
 
 
 def _files(dist: Path) -> tuple[int, str]:

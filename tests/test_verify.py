@@ -192,7 +192,8 @@ def test_push_refuses_an_unverified_build(rtn_build: Path, tmp_path: Path) -> No
 
 
 def test_layout_classifies_eval_results_as_sidecars(rtn_build: Path, tmp_path: Path) -> None:
-    """An evaluated reference (results/*.npz beside its checkpoint) is still a valid reference."""
+    """An evaluated reference (results/*.npz beside its checkpoint) is still a valid reference: what card and eval
+    write after verification is not looked at (release.check.report.may_follow_verification)."""
     from release.check.layout import check_layout
 
     build, reference = tmp_path / "build", tmp_path / "reference"
@@ -202,7 +203,12 @@ def test_layout_classifies_eval_results_as_sidecars(rtn_build: Path, tmp_path: P
     (reference / "results" / "deployed-validation.npz").write_bytes(b"not read by the layout check")
     check = check_layout(build, reference)
     assert check.status == "passed", check.summary
-    assert check.details["files_one_side"]["results/deployed-validation.npz"] == "tool sidecar"
+    assert "results/deployed-validation.npz" not in check.details["files_one_side"]
+    (build / "forest.ko.png").write_bytes(b"a plot card wrote")  # a carded build, verified again
+    assert check_layout(build, reference, languages=["en", "ko"]).status == "passed"
+    (build / "forest.fr.png").write_bytes(b"no file of this release")
+    check = check_layout(build, reference, languages=["en", "ko"])
+    assert check.status == "failed" and "forest.fr.png (build only)" in check.summary
 
 
 def test_a_resident_source_is_read_only_where_it_equals_the_files(tmp_path: Path) -> None:

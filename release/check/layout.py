@@ -11,7 +11,15 @@ from typing import Any
 
 import torch
 
-from release.check.report import INDEPENDENT, MODELOPT_EXPORT, REPORT_DIR, SELF_REFERENCE, Check, status_of
+from release.check.report import (
+    INDEPENDENT,
+    MODELOPT_EXPORT,
+    REPORT_DIR,
+    SELF_REFERENCE,
+    Check,
+    may_follow_verification,
+    status_of,
+)
 from release.core.errors import ReleaseError
 from release.core.io import parse_json
 from release.inputs.reference import (
@@ -67,10 +75,13 @@ def reference_origin(folder: Path, reference: Path) -> ReferenceOrigin:
     return ReferenceOrigin(INDEPENDENT, "a checkpoint this tool did not make")
 
 
-def _files(root: Path) -> list[str]:
-    """Files of a checkpoint folder, without this check's own report."""
+def _files(root: Path, languages: list[str]) -> list[str]:
+    """Files of a checkpoint folder, without this check's own report and what card and eval write after it for a
+    release in ``languages`` (:func:`release.check.report.may_follow_verification`): re-verifying a carded build
+    sees what its first verification saw."""
     return sorted(rel for p in root.rglob("*") if p.is_file()
-                  and not (rel := p.relative_to(root).as_posix()).startswith(f"{REPORT_DIR}/"))
+                  and not (rel := p.relative_to(root).as_posix()).startswith(f"{REPORT_DIR}/")
+                  and not may_follow_verification(rel, languages))
 
 
 def _classify(path: str) -> str:
@@ -88,7 +99,7 @@ def tensor_headers(root: Path, problems: list[str]) -> dict[str, tuple[str, tupl
     from safetensors import safe_open
 
     out: dict[str, tuple[str, tuple[int, ...], str]] = {}
-    for rel in _files(root):
+    for rel in _files(root, []):
         if not rel.endswith(".safetensors") or _classify(rel) != "unexpected":
             continue
         component = rel.rsplit("/", 1)[0] if "/" in rel else ""
@@ -106,7 +117,7 @@ def tensor_headers(root: Path, problems: list[str]) -> dict[str, tuple[str, tupl
 
 
 def check_layout(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tensor_static",
-                 origin: ReferenceOrigin | None = None) -> Check:
+                 origin: ReferenceOrigin | None = None, languages: list[str] | None = None) -> Check:
     """Tensor names, dtypes and shapes against the reference's, as the build's scheme lays them out (a per-channel
     build: the reference's per-tensor scales as (out, 1) weight scales, no static input scales). Against ModelOpt's
     own export the quantizer buffers it does not write are build-only by construction: counted apart, not failed."""
@@ -127,7 +138,7 @@ def check_layout(folder: Path, reference: Path, scheme: str = "fp8_w8a8_per_tens
         buffers = [k for k in only_ours if k.endswith(QUANTIZER_BUFFERS)]
         only_ours = [k for k in only_ours if k not in set(buffers)]
         tolerated = {"quantizer_buffers": len(buffers), "why": NO_BUFFERS}
-    files_ours, files_theirs = set(_files(folder)), set(_files(reference))
+    files_ours, files_theirs = set(_files(folder, languages or [])), set(_files(reference, languages or []))
     one_side = {f: _classify(f) for f in sorted(files_ours ^ files_theirs)}
     unexpected = [f"{f} ({'build' if f in files_ours else 'reference'} only)" for f, c in one_side.items()
                   if c == "unexpected"]

@@ -26,8 +26,11 @@ REPORT_FORMAT = "release-verification/2"
 # Written after verification, by ``release card`` (the card files) and ``release eval`` / ``import-served`` (the
 # results): not in the manifest, pushed as they are (and scanned for secrets). ``*`` does not cross a ``/``.
 CARD_FILES = ("README.md", "README.*.md", "LICENSE", "forest.*.png")  # what 'release card' writes
+WEIGHT_SUFFIXES = (".safetensors", ".pth")  # a build's weights and ModelOpt state: what a campaign drops
+CAMPAIGN_JOURNAL = "campaign.json"  # DIST/campaign.json: release.pipeline.campaign's journal
 WRITTEN = f"{REPORT_DIR}/written.json"  # what card and eval wrote after verification (release.check.written)
-AFTER_VERIFICATION = (*CARD_FILES, "results/*.npz", "results/*.perf.json", WRITTEN)
+RESULT_FILES = ("results/*.npz", "results/*.perf.json")  # what 'release eval' and 'import-served' write
+AFTER_VERIFICATION = (*CARD_FILES, *RESULT_FILES, WRITTEN)
 Status = Literal["passed", "failed", "skipped"]
 # What a reference is, recorded by the checks against it in ``details["reference"]["kind"]``
 # (release.check.layout.reference_origin) and read by the cards.
@@ -79,6 +82,21 @@ def after_verification(rel: str) -> bool:
     return matches(rel, AFTER_VERIFICATION)
 
 
+def card_name(lang: str, first: bool) -> str:
+    """The card of ``lang`` when ``release card --lang`` names it first (``README.md``) or later."""
+    return "README.md" if first else f"README.{lang}.md"
+
+
+def may_follow_verification(rel: str, languages: list[str]) -> bool:
+    """Whether a build folder of a release in ``languages`` may hold ``rel`` after its verification: the one rule
+    ``verify`` (which ignores these files), ``card`` (which removes the card files it did not render) and ``push``
+    (which publishes no other) share. The cards, LICENSE and forest plots of the release's languages only (a
+    ``README.xx.md`` of another language is no file this release writes), the results, and the record of them."""
+    cards = {"README.md", "LICENSE", *(f"README.{code}.md" for code in languages),
+             *(f"forest.{code}.png" for code in languages)}
+    return rel in cards or rel == WRITTEN or matches(rel, RESULT_FILES)
+
+
 def manifest_files(folder: Path) -> list[str]:
     """The files a manifest covers: every file of the build but ``verification/`` and what is added later (links
     and other non-files refused, :func:`release.core.files.plain_files`)."""
@@ -118,6 +136,26 @@ def parse_report(data: bytes, where: str, build: str, repo: str) -> tuple[Report
     if report.repo != repo:
         raise ReleaseError(f"{where}: the report of {report.repo}, not of {repo}; {rerun}")
     return report, hashlib.sha256(data).hexdigest()
+
+
+def dropped_weights(folder: Path, build: str) -> list[str]:
+    """The weight files the build's verification report lists that are gone: a campaign drops the weights of the
+    builds it does not deliver and keeps their reports (none without a report)."""
+    loaded = load_report(folder, build)
+    manifest = loaded[0].manifest if loaded is not None else {}
+    return [rel for rel in manifest if rel.endswith(WEIGHT_SUFFIXES) and not (folder / rel).is_file()]
+
+
+def dropped_by_campaign(dist: Path) -> set[str]:
+    """The builds whose weights the campaign of ``dist`` dropped, as its journal (``DIST/campaign.json``) records:
+    never published, so no command documents them unless named (an unreadable journal drops none)."""
+    path = dist / CAMPAIGN_JOURNAL
+    try:
+        builds = parse_json(path.read_bytes(), str(path), "").get("builds") if path.is_file() else None
+    except (ReleaseError, AttributeError):
+        return set()
+    return {name for name, e in builds.items() if isinstance(e, dict) and e.get("dropped")} \
+        if isinstance(builds, dict) else set()
 
 
 def gate(folder: Path, report: Report | None) -> str | None:

@@ -106,8 +106,17 @@ def check_values(folder: Path, source: Path, source_tensors: dict[str, torch.Ten
         bound = 0.0
     per_channel_scheme = recipe.get("scheme") == per_channel.SCHEME
     device = compute_device()
-    expected = expected_weights(src, folder, provenance, device)
     fp8 = [k for k, v in built.items() if v.dtype == torch.float8_e4m3fn]
+    recorded = provenance.get("quantized_linears")
+    if not fp8 or (isinstance(recorded, int) and len(fp8) != recorded):  # a check that saw nothing must not pass
+        problems.append(f"transformer/: {len(fp8)} FP8 weights, provenance.json records {recorded} quantized "
+                        "Linears; rebuild it with 'release build NAME'")
+    if recipe.get("alpha_table") and not (folder / "smoothing_scales.safetensors").is_file():
+        problems.append("smoothing_scales.safetensors: missing, and provenance.json records a smoothing; rebuild it "
+                        "with 'release build NAME'")
+    if problems:
+        return Check("values", "failed", problems[0], {"problems": problems})
+    expected = expected_weights(src, folder, provenance, device)
     worst = worst_error = 0.0
     for key in fp8:
         linear = key.removesuffix(".weight")

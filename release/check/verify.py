@@ -33,6 +33,7 @@ from release.check.report import (
     Check,
     FileEntry,
     Report,
+    dropped_weights,
     file_manifest,
     manifest_files,
 )
@@ -40,7 +41,7 @@ from release.check.values import check_consistency, check_values, read_tensors
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import atomic_write, write_json
+from release.core.io import json_text, write_set
 from release.core.output import progress
 from release.core.profile import stage
 from release.inputs.fixture import fixture_reference
@@ -80,6 +81,7 @@ class VerifyRequest:
         source, observations = recalled_inputs(dist, source, observations)
         if not folder.is_dir():
             raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
+        refuse_dropped(folder, build)
         src = resolve_source(release, source)
         ref: Path | None = fixture_reference(src) if reference is None else None
         if reference is None and ref is None:
@@ -97,6 +99,18 @@ class VerifyRequest:
             observations = src.parent / "observations"
         return cls(release, build, folder, ref, src, observations,
                    reference_origin(folder, ref) if ref is not None else None)
+
+
+def refuse_dropped(folder: Path, build: BuildConfig) -> None:
+    """A build whose weight files, listed by its verification report, are gone (a campaign drops the weights of the
+    builds it does not deliver) is refused in one line: its checks would look at nothing, and its passed report,
+    which still vouches for the bytes it saw, would be replaced by a failed one."""
+    gone = dropped_weights(folder, build.name)
+    if gone:
+        raise ReleaseError(f"{folder}: {len(gone)} weight files its verification saw are gone ({gone[0]}, ...): the "
+                           "build was dropped (a campaign keeps only the delivered builds' weights); its report is "
+                           f"kept. Restore it with 'release build {build.name}' (verified again), or 'release "
+                           "campaign', which rebuilds the builds it delivers and checks them against the report")
 
 
 def check_loadable(request: VerifyRequest) -> Check:
@@ -145,7 +159,8 @@ def _run_checks(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] 
         ref = request.reference
         scheme = request.build.scheme
         origin = request.origin or reference_origin(request.folder, ref)
-        runners += [("layout", lambda: check_layout(request.folder, ref, scheme, origin)),
+        runners += [("layout", lambda: check_layout(request.folder, ref, scheme, origin,
+                                                          request.release.languages)),
                     ("quantization_config", lambda: check_quant_configs(request.folder, ref, scheme, origin)),
                     ("modelopt_state", lambda: check_modelopt_states(request.folder, ref, scheme, origin))]
     else:
@@ -181,8 +196,8 @@ def verify(request: VerifyRequest, source_tensors: dict[str, torch.Tensor] | Non
                     status="failed" if "failed" in statuses else "incomplete" if "skipped" in statuses else "passed",
                     checks=checks, manifest=manifest,
                     after_verification=list(AFTER_VERIFICATION))
-    atomic_write(request.folder / REPORT_MD, markdown)
-    write_json(request.folder / REPORT_JSON, report.model_dump(mode="json"))  # last: the gate reads this one
+    write_set({request.folder / REPORT_MD: markdown,  # then report.json, which the gate reads
+               request.folder / REPORT_JSON: json_text(report.model_dump(mode="json"))})
     return checks
 
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from release.check.report import WRITTEN, FileEntry, after_verification, matches
+from release.check.report import WRITTEN, FileEntry, after_verification, matches, may_follow_verification
 from release.core.errors import GateError, ReleaseError
 from release.core.files import plain_files
 from release.core.io import parse_json, write_json
@@ -88,13 +88,17 @@ def _content_problem(path: Path, rel: str) -> str | None:
     return "not text (it holds NUL bytes)" if "\0" in text else None
 
 
-def check_written(folder: Path, local: dict[str, dict[str, Any]], rerun: str) -> None:
-    """Every after-verification file of ``local`` (relative path to its hashes) is recorded in ``folder``'s
-    ``written.json`` with these bytes and has the content its name promises; else a refusal naming it."""
+def check_written(folder: Path, local: dict[str, dict[str, Any]], rerun: str, languages: list[str]) -> None:
+    """Every after-verification file of ``local`` (relative path to its hashes) is one this tool writes for a
+    release in ``languages`` (:func:`release.check.report.may_follow_verification`), recorded in ``folder``'s
+    ``written.json`` with these bytes, and has the content its name promises; else a refusal naming it."""
     written = load_written(folder).files
     for rel, entry in sorted(local.items()):
         if not after_verification(rel) or rel == WRITTEN:
             continue
+        if not may_follow_verification(rel, languages):
+            raise GateError(f"{folder / rel}: no file this release writes (its languages: {', '.join(languages)}; "
+                            f"builds/release.yaml 'languages'); remove it, or {rerun}")
         record = written.get(rel)
         if record is None or (record.sha256, record.size) != (entry["sha256"], entry["size"]):
             how = "not written by this tool" if record is None else f"changed since '{record.by}' wrote it"

@@ -287,7 +287,8 @@ def select_(dist: Path, fmt: str) -> None:
 @BUILDS
 @click.argument("names", nargs=-1)
 @DIST
-@click.option("--lang", default="en,ko", show_default=True, help="Comma-separated languages; the first is README.md.")
+@click.option("--lang", default=None, help="Comma-separated languages, among the release's 'languages'; the first "
+              "is README.md.  [default: the release's 'languages']")
 @click.option("--check", is_flag=True, help="Render without writing; fail on a missing translation or bad data.")
 @click.option("--preview", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
               help="Also write the pull-request preview of the cards: DIR/comment.md (each changed card's diff "
@@ -295,7 +296,7 @@ def select_(dist: Path, fmt: str) -> None:
 @click.option("--base", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIST",
               help="With --preview: the dist whose rendered cards to compare with (the base commit's).")
 @click.option("--note", default="", help="With --preview: a paragraph for the comment (what the cards are made from).")
-def card(names: tuple[str, ...], dist: Path, lang: str, check: bool, preview: Path | None, base: Path | None,
+def card(names: tuple[str, ...], dist: Path, lang: str | None, check: bool, preview: Path | None, base: Path | None,
          note: str) -> None:
     """Render the model cards (README.md, README.<lang>.md, LICENSE, forest plot) of each built repo."""
     from release.publish.card.render import CardRequest, render_cards

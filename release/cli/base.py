@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from release.core.errors import ReleaseError
+from release.core.redact import scrub
 
 DEBUG_ENV = "RELEASE_DEBUG"
 # What the system refuses to a file the user named or a folder it is in (a read-only file system, permissions): the
@@ -27,6 +28,12 @@ BLOCKED_PATHS = (errno.ENOTDIR, errno.EEXIST)
 class _Terminated(KeyboardInterrupt):
     """SIGTERM (``kill``, a job scheduler, torchrun stopping the other ranks) ends a command as Ctrl-C does: what it
     was writing is removed, its outputs are left whole and ``RELEASE_PROFILE`` keeps what ran."""
+
+
+def _say(line: str) -> None:
+    """An error line on stderr, built from an exception: scrubbed of the token and authorization values (a library's
+    error may quote its request's headers)."""
+    click.echo(scrub(line), err=True)
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -76,7 +83,7 @@ class ReleaseGroup(_Command, _Commands):
         except ReleaseError as exc:
             if os.environ.get(DEBUG_ENV) == "1":
                 raise
-            click.echo(f"error: {exc}", err=True)
+            _say(f"error: {exc}")
             sys.exit(exc.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
@@ -87,20 +94,19 @@ class ReleaseGroup(_Command, _Commands):
             if os.environ.get(DEBUG_ENV) == "1":
                 raise
             if isinstance(exc, OSError) and exc.errno in REFUSED_WRITES and exc.filename:
-                click.echo(f"error: {exc.filename}: {exc.strerror}; make it writable or choose another folder "
-                           "(nothing was replaced)", err=True)
+                _say(f"error: {exc.filename}: {exc.strerror}; make it writable or choose another folder (nothing "
+                     "was replaced)")
                 sys.exit(2)
             if isinstance(exc, OSError) and exc.errno in BLOCKED_PATHS and exc.filename:
-                click.echo(f"error: {exc.filename}: {exc.strerror}: a file stands where a folder must go (check "
-                           "RELEASE_CACHE and the paths given); choose another folder (nothing was replaced)", err=True)
+                _say(f"error: {exc.filename}: {exc.strerror}: a file stands where a folder must go (check "
+                     "RELEASE_CACHE and the paths given); choose another folder (nothing was replaced)")
                 sys.exit(2)
             if type(exc).__name__ == "OutOfMemoryError":  # torch's: too little GPU memory, not a bug
                 from release.core.memory import out_of_memory
 
                 click.echo(f"error: {out_of_memory()}", err=True)
                 sys.exit(2)
-            click.echo(f"internal error: {type(exc).__name__}: {exc} (rerun with {DEBUG_ENV}=1 for a traceback)",
-                       err=True)
+            _say(f"internal error: {type(exc).__name__}: {exc} (rerun with {DEBUG_ENV}=1 for a traceback)")
             sys.exit(1)
         finally:
             profile.report(str(ctx.invoked_subcommand), world().rank)
@@ -149,6 +155,10 @@ Environment:
   RELEASE_DIST_TIMEOUT  under torchrun: seconds a rank waits for the others' shares (default 86400)
   SOURCE_DATE_EPOCH     pins the date recorded in provenance.json, selection.json and tables.json
   HF_TOKEN              the Hub token for push (else the huggingface_hub login); never printed
+  RELEASE_HUB_TIMEOUT   push: seconds a Hub request waits to connect or for more of an answer
+                        (default 60)
+  RELEASE_HUB_DEADLINE  push: seconds the plan of a repo may take, all its requests together
+                        (default 300)
   HF_ENDPOINT, HF_HOME, HF_HUB_OFFLINE
                         read by huggingface_hub (the endpoint, the cache, offline mode)
 """

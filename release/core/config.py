@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BeforeValidator,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -154,6 +155,17 @@ class ReleaseConfig(Strict):
     def _sweep(cls, v: list[str]) -> list[str]:
         return unique_build_names(v, "sweep")
 
+    @field_validator("served_steps")
+    @classmethod
+    def _served_steps(cls, v: StepPolicy, info: ValidationInfo) -> StepPolicy:
+        """Neither count is more than the policy's steps (``policy``, validated before it, is absent when invalid)."""
+        policy = info.data.get("policy")
+        for field in ("w8a16_first_steps", "w8a16_last_steps"):
+            if policy is not None and getattr(v, field) > policy.steps:
+                raise ValueError(f"{field} is {getattr(v, field)}, more than the policy's {policy.steps} steps "
+                                 f"(policy.steps); give 0 to {policy.steps}")
+        return v
+
     @field_validator("repos")
     @classmethod
     def _repos(cls, v: dict[str, str]) -> dict[str, str]:
@@ -188,12 +200,25 @@ class ReleaseConfig(Strict):
         return hub_name(v, "org")
 
 
+MAX_ALPHAS = 1000  # SmoothQuant's alpha search tries at most this many alphas per group (as AWQ's n_grid)
+
+
 class SmoothQuant(Strict):
     """SmoothQuant folded into the preceding norms (and into ``up_proj`` for ``down_proj``)."""
 
     alpha: Literal["auto"] | Annotated[float, Field(ge=0.0, le=1.0)] = "auto"
-    alpha_step: float = Field(0.1, gt=0, le=1, description="grid step of the per-layer alpha search")
+    alpha_step: float = Field(0.1, gt=0, le=1, description="grid step of the per-layer alpha search: 0, step, ..., 1, "
+                              f"at most {MAX_ALPHAS} alphas")
     fold_up_down: bool = True
+
+    @field_validator("alpha_step")
+    @classmethod
+    def _grid_size(cls, v: float) -> float:
+        """A step of 1e-9 would search 10^9 alphas per group: the grid is ``round(1 / step) + 1`` alphas."""
+        if 1 / v >= MAX_ALPHAS - 0.5:
+            raise ValueError(f"alpha_step {v:g} searches more than {MAX_ALPHAS:,} alphas (0, step, ..., 1); give a "
+                             f"step of {1 / (MAX_ALPHAS - 1):.4g} or more")
+        return v
 
     @field_validator("alpha", mode="before")
     @classmethod
@@ -214,7 +239,8 @@ class Awq(Strict):
 class Gptq(Strict):
     """ModelOpt's GPTQ (``algorithm: {method: gptq}``) on the scheme's FP8 quantizers."""
 
-    perc_damp: float = Field(0.01, gt=0, le=1, description="damping, a share of the mean Hessian diagonal")
+    perc_damp: float = Field(0.01, ge=1e-6, le=1, description="damping, a share of the mean Hessian diagonal (below "
+                             "1e-6 it is lost in the float32 diagonal: no damping)")
     block_size: int = Field(128, ge=1, description="columns per GPTQ block")
     layerwise: bool = Field(False, description="ModelOpt's layer-by-layer calibration: each decoder layer's Hessian "
                             "from the outputs of the layers before it, already quantized")
@@ -228,8 +254,10 @@ class AutoRound(Strict):
     clipping (the ``autoround`` extra)."""
 
     tuning: Literal["none", "auto-round"] = "none"
-    iters: int = Field(200, ge=1, description="auto-round: optimisation steps per decoder layer")
-    lr: float | None = Field(None, gt=0, description="auto-round: learning rate (default 1 / iters)")
+    iters: int = Field(200, ge=1, le=100_000, description="auto-round: optimisation steps per decoder layer (its "
+                       "default 200; 1000 for its best accuracy)")
+    lr: float | None = Field(None, gt=0, le=1, description="auto-round: learning rate (default 1 / iters; the tuned "
+                             "rounding offsets lie within +-0.5)")
 
 
 RecipeStep = Literal["rtn", "smoothquant", "awq", "gptq", "autoround"]

@@ -11,7 +11,9 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -148,8 +150,8 @@ def replace_dir(src: Path, final: Path) -> None:
 def atomic_dir(final: Path) -> Iterator[Path]:
     """Yield a new folder beside ``final``; put it in place of ``final`` (``replace_dir``) only if the block succeeds.
 
-    A failure (or Ctrl-C) removes the new folder and leaves ``final`` as it was; what a killed earlier run left is
-    cleaned first (``clean_stale``).
+    A failure (or Ctrl-C, or SIGTERM) removes the new folder and leaves ``final`` as it was; what a killed earlier run
+    left is cleaned first (``clean_stale``).
     """
     created = not final.parent.exists()
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -200,6 +202,15 @@ def _refuse_full_disk(final: Path, written: Path, exc: BaseException) -> None:
                            "write the outputs to another disk") from exc
 
 
+TEMPORARY = re.compile(r"\.(.+)\.(\d+)\.tmp")  # .NAME.PID.tmp: what a writer of NAME killed by SIGKILL leaves
+
+
+def left_by(rel: str) -> str | None:
+    """The file whose temporary ``rel`` is (:func:`_open_temporary`'s name), when its writer is no longer running."""
+    match = TEMPORARY.fullmatch(Path(rel).name)
+    return str(Path(rel).with_name(match[1])) if match and not _alive(int(match[2])) else None
+
+
 def _open_temporary(path: Path) -> tuple[Path, BinaryIO]:
     """A new temporary beside ``path``, this process's, opened exclusively and never through a link (a link planted
     at its name is refused; one at another name is never touched). The temporaries of ``path`` that processes no
@@ -248,6 +259,25 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         file.write(data.encode() if isinstance(data, str) else data)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT held back while a set of outputs is renamed into place (a few system calls), then acted on:
+    either signal leaves the whole old set or the whole new one (SIGKILL cannot be held: the readers of a set check
+    its hashes). Only in the main thread, where Python runs signal handlers."""
+    held = [sig for sig in (signal.SIGTERM, signal.SIGINT) if signal.getsignal(sig) is not None]
+    if threading.current_thread() is not threading.main_thread():
+        held = []
+    caught: list[int] = []
+    before = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])
+
+
 def write_set(files: dict[Path, bytes | str]) -> None:
     """Write several outputs as one set (a card's READMEs, LICENSE and plots): every file to a temporary of this
     process first (:func:`_open_temporary`), then each renamed over its name. A failure while writing, a full disk
@@ -257,17 +287,20 @@ def write_set(files: dict[Path, bytes | str]) -> None:
     path = tmp = next(iter(files), Path("."))
     try:
         for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
             tmp, file = _open_temporary(path)
             staged.append((tmp, path))
             with file:
                 file.write(data.encode() if isinstance(data, str) else data)
-    except Exception as exc:
+        with _signals_held():
+            for written, final in staged:
+                os.replace(written, final)
+    except BaseException as exc:  # also SIGTERM and Ctrl-C (KeyboardInterrupt): no temporary is left behind
         for written, _ in staged:
-            written.unlink(missing_ok=True)
-        _refuse_full_disk(path, tmp, exc)
+            written.unlink(missing_ok=True)  # those renamed already are gone under this name
+        if isinstance(exc, Exception):
+            _refuse_full_disk(path, tmp, exc)
         raise
-    for written, final in staged:
-        os.replace(written, final)
 
 
 def keep_cached(path: Path, data: bytes) -> bool:
@@ -281,8 +314,18 @@ def keep_cached(path: Path, data: bytes) -> bool:
         return False
 
 
+def json_text(obj: Any) -> str:
+    """The tool's JSON files as text: indented, keys sorted (the same object, the same bytes)."""
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+
+def json_digest(obj: Any) -> str:
+    """A short key of a JSON-able object (settings a cache entry or a journal step depends on)."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def write_json(path: Path, obj: Any) -> None:
-    atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    atomic_write(path, json_text(obj))
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:

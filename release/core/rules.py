@@ -16,7 +16,9 @@ class Strict(BaseModel):
 
 
 def margin_value(value: Any) -> Any:
-    """A plain number is an absolute margin; ``compile`` (the old default) and booleans are refused."""
+    """A plain number is an absolute margin; ``compile`` (the old default) and booleans are refused, and so is a
+    mapping without exactly one of ``sigma`` and ``of_baseline`` given a value (``{}``, ``{sigma: null}``: no margin
+    at all). A mapping with another key is left to the model, which names the key."""
     if isinstance(value, bool):
         raise ValueError("give the margin as {sigma: S} or {of_baseline: F}, not true or false")
     if isinstance(value, int | float):
@@ -24,6 +26,13 @@ def margin_value(value: Any) -> Any:
     if value == "compile":
         raise ValueError("'compile' is no longer a margin (the eager-vs-compile yardstick stays a column of the "
                          "tables); give {of_baseline: 0.1} (10% of the baseline's error) or {sigma: S}")
+    if isinstance(value, dict) and set(value) <= {"sigma", "of_baseline"}:
+        if len(value) != 1:
+            raise ValueError("give either 'sigma' or 'of_baseline', not both" if value else
+                             "give the margin as {sigma: S} or {of_baseline: F}, not an empty mapping")
+        (key, number), = value.items()
+        if number is None:
+            raise ValueError(f"'{key}' is null; give it a number (0 < {key} <= 10)")
     return value
 
 
@@ -37,11 +46,8 @@ class Margin(Strict):
     @model_validator(mode="before")
     @classmethod
     def _one(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "sigma" in data:
-            if "of_baseline" in data:
-                raise ValueError("give either 'sigma' or 'of_baseline', not both")
-            return {**data, "of_baseline": None}
-        return data
+        """``sigma`` replaces the default ``of_baseline`` (:func:`margin_value` refuses both)."""
+        return {**data, "of_baseline": None} if isinstance(data, dict) and "sigma" in data else data
 
     def of(self, baseline_sigma: float | None) -> float | None:
         """The margin in sigma for a family whose baseline has ``baseline_sigma`` (None: no baseline there)."""

@@ -26,7 +26,7 @@ import torch
 from release.core.config import PolicySettings
 from release.core.device import compute_device, default_dtype_kept
 from release.core.errors import ReleaseError
-from release.core.io import cache_dir, keep_cached
+from release.core.io import cache_dir, json_digest, keep_cached
 from release.core.output import torchao_quiet
 from release.inputs.observations import _OBJECTS, _PLACES, _VERBS, Observation
 
@@ -316,4 +316,4 @@ def map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
 
 
 def settings_digest(settings: PolicySettings) -> str:
-    return hashlib.sha256(json.dumps(settings.model_dump(), sort_keys=True).encode()).hexdigest()[:16]
+    return json_digest(settings.model_dump())

@@ -330,8 +330,8 @@ class Delivery:
 
 def delivery(release: ReleaseConfig, doc: SelectionDoc | None) -> Delivery:
     """The delivered builds of ``release`` given its selection (``doc``); an override that changes nothing (it
-    delivers a chosen build, or withholds one that was not chosen) is a one-line error, since the cards would
-    print a reason for nothing."""
+    delivers a chosen build, or withholds one that was not chosen) is a configuration error (exit 2), since the
+    cards would print a reason for nothing."""
     rule = release.selection
     if rule is None:  # no rule: the release delivers every build it names a repo for
         chosen = list(release.repos)
@@ -341,9 +341,9 @@ def delivery(release: ReleaseConfig, doc: SelectionDoc | None) -> Delivery:
         known = doc is not None or rule is None  # else a build not chosen yet may still be chosen by rank
         if (o.deliver and name in chosen) or (known and not o.deliver and name not in chosen):
             state = "chose" if o.deliver else "did not choose"
-            raise GateError(f"{builds_dir() / 'release.yaml'}: 'override.{name}' has deliver: "
-                            f"{str(o.deliver).lower()}, but the selection {state} {name!r} (chosen: "
-                            f"{', '.join(chosen) or 'none'}); remove the override")
+            raise ReleaseError(f"{builds_dir() / 'release.yaml'}: field 'override.{name}' has deliver: "
+                               f"{str(o.deliver).lower()}, but the selection {state} {name!r} (chosen: "
+                               f"{', '.join(chosen) or 'none'}), so it changes nothing; remove the override")
     withheld = {n for n, o in release.override.items() if not o.deliver}
     builds = [n for n in chosen if n not in withheld]
     builds += [n for n, o in release.override.items() if o.deliver and n not in builds]

@@ -26,6 +26,7 @@ from release.core.errors import ReleaseError
 from release.core.rules import Selection
 from release.measure.layout import RESULTS
 from release.measure.paired import min_observations
+from release.measure.results import read_results
 from release.measure.stats import JOINTS, PerObservation, by_observation, observation_counts
 
 RESAMPLES = 1_000
@@ -101,9 +102,6 @@ def read_sums(rule: Selection, dist: Path, dims: int, entries: list[Entry],
     """Each entry's per-observation sums from its results file, or why there are none: a missing file, or fewer
     observations than :func:`~release.measure.paired.min_observations`. A file whose figures are not those of
     tables.json, or whose observations differ from the first candidate's, is a one-line error."""
-    # late: tables loads pandas, which the card and the manifest (importing this through select) do not need
-    from release.measure.tables import read_results
-
     if not entries:
         return "no_evaluated_candidates"
     files = [dist / e.repo / RESULTS / f"{rule.path}-{rule.split}.npz" for e in entries]

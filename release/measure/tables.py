@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-import zipfile
-import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,8 +14,8 @@ import pandas as pd
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, Gate, ReleaseConfig
 from release.core.errors import ReleaseError
-from release.core.io import atomic_dir, atomic_write, build_date, parse_json, read_json, replaceable_folder, write_json
-from release.measure.layout import PERF, RESULTS, YARDSTICKS, builds_date, sweep_builds
+from release.core.io import atomic_dir, atomic_write, build_date, replaceable_folder, write_json
+from release.measure.layout import RESULTS, YARDSTICKS, builds_date, sweep_builds
 from release.measure.paired import (
     CORRECTION,
     INTERVAL_EXACT_MAX_N,
@@ -38,6 +36,7 @@ from release.measure.paired import (
     within_margin,
     without_each_group,
 )
+from release.measure.results import read_computed, read_labs, read_results, read_speed
 from release.measure.stats import (
     PerObservation,
     Summary,
@@ -50,7 +49,6 @@ from release.measure.stats import (
     observation_counts,
     overall,
     p_rounded,
-    per_observation,
     ratio,
     summarize,
 )
@@ -103,128 +101,7 @@ class Result:
     labs: np.ndarray | None  # the lab of each observation (first-appearance order), as release eval records it
 
 
-RESULT_ARRAYS = ("reference", "candidate", "obs_ids", "sigma")
 TOO_FEW = "too few observations"
-
-
-def read_results(file: Path, dims: int) -> PerObservation:
-    """A results file of ``release eval`` or ``import-served`` (reference, candidate [N, chunk, dims], obs_ids [N],
-    sigma [dims]), checked before any statistic: a damaged or inconsistent file is a one-line error naming it and
-    the observation or dimension at fault, never NaN figures or a crash later in ``release card``."""
-    fix = "re-run 'release eval' (or 'release import-served') to rewrite it"
-    try:
-        with np.load(file, allow_pickle=False) as data:
-            missing = [k for k in RESULT_ARRAYS if k not in data.files]
-            if missing:
-                raise ReleaseError(f"{file}: array '{missing[0]}' is missing (a results file holds "
-                                   f"{', '.join(RESULT_ARRAYS)}); {fix}")
-            ref, cand, ids, sigma = (data[k] for k in RESULT_ARRAYS)
-    except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, OSError) as exc:
-        reason = next(iter(str(exc).splitlines()), "") or type(exc).__name__
-        raise ReleaseError(f"{file}: not a readable results file ({reason}); {fix}") from exc
-    for name, array in (("reference", ref), ("candidate", cand), ("sigma", sigma)):
-        if array.dtype.kind not in "fiu":
-            raise ReleaseError(f"{file}: array '{name}' holds {array.dtype}, not numbers; {fix}")
-    if ids.dtype.kind not in "iu":
-        raise ReleaseError(f"{file}: 'obs_ids' holds {ids.dtype}, not integer observation ids; {fix}")
-    if ref.ndim != 3 or 0 in ref.shape or ref.shape[2] != dims or cand.shape != ref.shape:
-        raise ReleaseError(f"{file}: 'reference' {list(ref.shape)} and 'candidate' {list(cand.shape)} must both be "
-                           f"[N, chunk, {dims}] with N and chunk >= 1; {fix}")
-    if ids.shape != (ref.shape[0],) or sigma.shape != (dims,):
-        raise ReleaseError(f"{file}: 'obs_ids' {list(ids.shape)} and 'sigma' {list(sigma.shape)} must be "
-                           f"[{ref.shape[0]}] and [{dims}]; {fix}")
-    bad_sigma = ~(np.isfinite(sigma) & (sigma > 0))
-    if bad_sigma.any():
-        d = int(np.argmax(bad_sigma))
-        raise ReleaseError(f"{file}: sigma[{d}] is {sigma[d]}; every dimension's sigma must be a positive finite "
-                           f"number (the action_stats named in builds/release.yaml); {fix}")
-    for name, array in (("reference", ref), ("candidate", cand)):
-        bad_rows = ~np.isfinite(array).reshape(len(array), -1).all(axis=1)
-        if bad_rows.any():
-            i = int(np.argmax(bad_rows))
-            raise ReleaseError(f"{file}: '{name}' of observation {int(ids[i])} (row {i}) holds NaN or Inf; {fix}")
-    with np.errstate(over="ignore", invalid="ignore"):
-        po = per_observation(ref, cand, sigma, ids)
-    too_large = ~(np.isfinite(po.sq_err) & np.isfinite(po.sq_sig))
-    if too_large.any():
-        i = int(np.argmax(too_large))
-        raise ReleaseError(f"{file}: the actions of observation {int(ids[i])} (row {i}) are too large to square in "
-                           f"sigma units; {fix}")
-    return po
-
-
-COMPUTED = ("device", "torch", "cuda", "kernel", "gemm_shapes")
-WEIGHTS = ("weights_bytes", "bf16_weights_bytes")  # the loaded models' parameters and buffers, as release eval records
-STEPS_COMPUTED = ("steps", "torchao")  # each step's mode (every path release eval runs), TorchAO's version (served)
-
-
-def read_computed(file: Path) -> dict[str, Any]:
-    """How a results file's candidate was computed, as ``release eval`` records it (device, torch and CUDA versions,
-    the FP8 GEMM kernel, the GEMM shapes). A file without that record, written by an older ``release eval``, is
-    refused: the tables and cards state how every row was computed, and cannot for it."""
-
-    with np.load(file, allow_pickle=False) as data:
-        raw = str(data["computed"]) if "computed" in data.files else None
-    fix = "rerun 'release eval' (or 'release import-served') to rewrite it"
-    if raw is None:
-        raise ReleaseError(f"{file}: does not record how it was computed (device, torch and CUDA versions, FP8 GEMM "
-                           f"kernel: written by an older release eval); {fix}")
-    doc = parse_json(raw, f"{file}: 'computed'", fix)
-    try:
-        shapes = [[int(v) for v in s] for s in doc["gemm_shapes"]]
-        if not all(k in doc for k in COMPUTED) or not all(len(s) == 3 for s in shapes):
-            raise ValueError("a field is missing")
-        served = {k: doc[k] for k in STEPS_COMPUTED if k in doc}
-        if "steps" in served and not (isinstance(served["steps"], list) and served["steps"]
-                                      and all(m in ("W8A8", "W8A16") for m in served["steps"])):
-            raise ValueError("the steps are not W8A8 or W8A16")
-        if "torchao" in served and not isinstance(served["torchao"], str):
-            raise ValueError("the TorchAO version is not text")
-    except (ValueError, TypeError, KeyError) as exc:
-        raise ReleaseError(f"{file}: 'computed' is not the record release eval writes ({', '.join(COMPUTED)}); "
-                           f"{fix}") from exc
-    weights = {k: doc[k] for k in WEIGHTS if type(doc.get(k)) is int and doc[k] > 0}  # absent: not recorded
-    return {k: doc[k] for k in COMPUTED} | {"gemm_shapes": shapes} | served | weights
-
-
-SPEED_RANGE = (1e-6, 1e5)  # a rollout's seconds and GiB: what a machine can measure (NaN and 1e308 are damage)
-
-
-def read_speed(file: Path) -> dict[str, Any] | None:
-    """The rollout latency and peak GPU memory that ``release eval`` on a GPU wrote beside the results ``file``,
-    BF16's and the build's, and whether each ran as CUDA graphs (None when the rollouts ran on a CPU)."""
-    path = file.with_suffix(PERF)
-    if not path.is_file():
-        return None
-    doc = read_json(path, "rollout latency and memory", "release eval", ("bf16", "build"))
-    try:
-        sides: dict[str, dict[str, Any]] = {
-            side: {"device": str(doc[side]["device"]), "rollouts": int(doc[side]["rollouts"]),
-                   "seconds": float(doc[side]["seconds_median"]), "peak_gib": float(doc[side]["peak_gib"]),
-                   "graphs": doc[side].get("graphs") is True}
-            for side in ("bf16", "build")}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ReleaseError(f"{path}: field {exc} is missing or not a number (each of 'bf16' and 'build' holds "
-                           "device, rollouts, seconds_median, peak_gib); re-run 'release eval' to rewrite it") from None
-    if not all(SPEED_RANGE[0] <= v <= SPEED_RANGE[1] for s in sides.values() for v in (s["seconds"], s["peak_gib"])) \
-            or not all(s["rollouts"] >= 1 for s in sides.values()):
-        raise ReleaseError(f"{path}: seconds_median and peak_gib must be positive numbers from {SPEED_RANGE[0]:g} to "
-                           f"{SPEED_RANGE[1]:g} and rollouts at least 1; re-run 'release eval'")
-    if sides["bf16"]["device"] != sides["build"]["device"]:
-        raise ReleaseError(f"{path}: BF16 ran on {sides['bf16']['device']}, the build on {sides['build']['device']}; "
-                           "re-run 'release eval' on one machine")
-    return sides
-
-
-def read_labs(file: Path, po: PerObservation) -> np.ndarray | None:
-    """The lab of each observation of a results file (release eval records one per row), None when the file has
-    none (a server's results) or they are not text."""
-    with np.load(file, allow_pickle=False) as data:
-        labs = data["labs"] if "labs" in data.files else None
-    if labs is None or labs.dtype.kind != "U" or labs.shape != po.obs_ids.shape:
-        return None
-    _, first = np.unique(po.obs_ids, return_index=True)
-    return labs[np.sort(first)]
 
 
 def load_results(folder: Path, build: BuildConfig, dims: int) -> list[Result]:

@@ -20,17 +20,23 @@ import functools
 import os
 import shutil
 from dataclasses import dataclass, replace
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
 from release import __version__
-from release.check.report import REPORT_JSON, file_manifest, load_report, manifest_files
+from release.check.report import (
+    CAMPAIGN_JOURNAL,
+    REPORT_JSON,
+    WEIGHT_SUFFIXES,
+    file_manifest,
+    load_report,
+    manifest_files,
+)
 from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 from release.core.builds import load_build
-from release.core.config import BuildConfig, builds_dir
+from release.core.config import BuildConfig, ReleaseConfig, builds_dir
 from release.core.errors import ReleaseError
-from release.core.io import parse_json, write_json
+from release.core.io import json_digest, parse_json, write_json
 from release.core.output import info, progress
 from release.core.profile import stage
 from release.core.provenance import read_provenance
@@ -45,9 +51,8 @@ from release.publish.card.render import CardRequest, render_cards
 from release.quantize.build import Builder, BuildRequest
 from release.quantize.recipes import ObserverPasses, observes_source
 
-JOURNAL = "campaign.json"
+JOURNAL = CAMPAIGN_JOURNAL
 JOURNAL_FORMAT = "release-campaign/1"
-CHECKPOINT_FILES = ("*.safetensors", "*.pth")  # what a dropped build loses: its weights and ModelOpt state
 REBUILD = ".campaign-rebuild"  # under DIST: where a dropped build is rebuilt before its bytes are compared
 
 
@@ -91,13 +96,24 @@ def evals(request: BuildRequest, build: BuildConfig, chosen: bool = False) -> li
     return [e for e in listed if e.builds is None or (isinstance(e.builds, list) and build.name in e.builds)]
 
 
+def evaluation_key(release: ReleaseConfig, wanted: list[CampaignEval]) -> str:
+    """What an evaluation's results depend on in ``release.yaml`` (the evaluations, the policy and step policy, the
+    splits' labs, the action statistics): the journal records it, and an edit of any of them evaluates again."""
+    return json_digest({"evals": [e.model_dump(mode="json") for e in wanted], "policy": release.policy.model_dump(),
+                    "served_steps": release.served_steps.model_dump(), "labs": [release.calibration_labs,
+                    release.heldout_labs], "action_stats": release.action_stats})
+
+
 class Journal:
-    """``DIST/campaign.json``: per build, the key of its inputs and its finished steps (verified, evaluated,
-    dropped files), written atomically after each step."""
+    """``DIST/campaign.json``: per build, the key of its inputs and its finished steps (verified, evaluated under
+    the key of :func:`evaluation_key`, dropped files), written atomically after each step."""
 
     def __init__(self, request: BuildRequest) -> None:
         self.path = request.out / JOURNAL
-        self.inputs = f"{request.identity.revision}|{observation_set_digest(request.observations)}|{__version__}"
+        release = request.release  # what a build depends on in release.yaml: the capture runs the policy's steps
+        made_under = json_digest({"policy": release.policy.model_dump(), "calibration_labs": release.calibration_labs})
+        self.inputs = (f"{request.identity.revision}|{observation_set_digest(request.observations)}|{__version__}|"
+                       f"{made_under}")
         doc: Any = {}
         if self.path.is_file():
             doc = parse_json(self.path.read_bytes(), str(self.path), "delete it to run the campaign from its start "
@@ -119,13 +135,9 @@ class Journal:
         write_json(self.path, {"format": JOURNAL_FORMAT, "builds": self.builds})
 
 
-def _weights(rel: str) -> bool:
-    return any(fnmatch(Path(rel).name, p) for p in CHECKPOINT_FILES)
-
-
 def checkpoint_files(folder: Path) -> list[str]:
     """The files of a build that its campaign may drop and must restore byte for byte: its weights."""
-    return [rel for rel in manifest_files(folder) if _weights(rel)]
+    return [rel for rel in manifest_files(folder) if rel.endswith(WEIGHT_SUFFIXES)]
 
 
 def drop_checkpoint(folder: Path, entry: dict[str, Any], journal: Journal) -> None:
@@ -245,8 +257,10 @@ def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
 
 
 def _sweep(request: CampaignRequest, journal: Journal) -> bool:
-    """Each build of the sweep made, verified and evaluated in turn (the verification reference first); a build's
-    weights dropped once it is evaluated unless it is kept (:func:`_kept`). Whether every build passed."""
+    """Each build of the sweep made, verified and evaluated in turn (the verification reference first). The weights
+    of a build this run put in place are dropped once it is evaluated unless it is kept (:func:`_kept`); those a
+    resumed or repeated run finds in place stay until the selection has chosen (a finished campaign's rerun, or one
+    after an edit of the evaluations, keeps the delivered builds whole). Whether every build passed."""
     b, dist = request.build, request.dist
     kept = _kept(request)
     builder: Builder | None = None
@@ -258,9 +272,9 @@ def _sweep(request: CampaignRequest, journal: Journal) -> bool:
     with progress("campaign: builds", len(builds)) as bar:
         for build in builds:
             entry, folder = journal.entry(build), dist / build.repo
-            fresh = "verified" not in entry or not entry.get("evaluated")
+            made = False
             if "verified" not in entry:
-                if _built(folder, build, b.identity.revision):
+                if _built(folder, build, b):
                     verifier = verifier or Verifier(builder.source if builder is not None else None)
                     entry["verified"] = _verified(verifier, request, build)
                 else:  # verified before it is put in place, as by 'release build'
@@ -268,14 +282,19 @@ def _sweep(request: CampaignRequest, journal: Journal) -> bool:
                     verifier = verifier or Verifier(builder.source)
                     entry["verified"] = bool(builder.make(build, observed,
                                                           functools.partial(_verified, verifier, request, build)))
+                    made = True
                 journal.save()
-            if entry["verified"] and not entry.get("evaluated"):
-                _evaluate(request, build, evals(b, build))
-                entry["evaluated"] = True
+            wanted = evals(b, build)
+            key = evaluation_key(b.release, wanted)
+            if entry["verified"] and entry.get("evaluated") != key:
+                if entry.get("dropped"):  # evaluated again (an edited release.yaml): its weights put back first
+                    restore_checkpoints(request, [build], journal)
+                    made = True
+                _evaluate(request, build, wanted)
+                entry["evaluated"] = key
                 journal.save()
             ok &= entry["verified"]
-            # only what this run made or evaluated: a finished campaign's rerun keeps the delivered builds in place
-            if fresh and (build.name not in kept or not entry["verified"]) and not request.keep_checkpoints:
+            if made and (build.name not in kept or not entry["verified"]) and not request.keep_checkpoints:
                 drop_checkpoint(folder, entry, journal)
             bar.advance()
     return ok
@@ -290,20 +309,23 @@ def _deliver(request: CampaignRequest, journal: Journal, builds: list[BuildConfi
     for build in builds:
         entry = journal.entry(build)
         wanted = evals(request.build, build, chosen=True)
-        if wanted and entry.get("verified") and not entry.get("chosen_evaluated"):
+        key = evaluation_key(request.build.release, wanted)
+        if wanted and entry.get("verified") and entry.get("chosen_evaluated") != key:
             _evaluate(request, build, wanted)
-            entry["chosen_evaluated"] = True
+            entry["chosen_evaluated"] = key
             journal.save()
 
 
-def _built(folder: Path, build: BuildConfig, revision: str) -> bool:
-    """Whether ``folder`` holds this build of this source whole: its provenance (a build folder is put in place
-    atomically) and, where it was verified before, every weight file its report lists (none dropped)."""
+def _built(folder: Path, build: BuildConfig, request: BuildRequest) -> bool:
+    """Whether ``folder`` holds this build of this source under this policy whole: its provenance (a build folder is
+    put in place atomically) and, where it was verified before, every weight file its report lists (none dropped)."""
     path = folder / "provenance.json"
     if not path.is_file():
         return False
     prov = read_provenance(path, build.name)
-    if prov["config_sha256"] != build.digest() or prov["source"]["revision"] != revision:
+    if (prov["config_sha256"] != build.digest() or prov["source"]["revision"] != request.identity.revision
+            or prov.get("policy") != request.release.policy.model_dump()):
         return False
     loaded = load_report(folder, build.name)
-    return loaded is None or all((folder / rel).is_file() for rel in loaded[0].manifest if _weights(rel))
+    return loaded is None or all((folder / rel).is_file() for rel in loaded[0].manifest
+                                if rel.endswith(WEIGHT_SUFFIXES))

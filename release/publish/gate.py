@@ -13,6 +13,7 @@ from release.check.written import check_written, publishable
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig, builds_dir
 from release.core.errors import GateError, ReleaseError
+from release.core.io import left_by
 from release.core.output import warning
 from release.measure.select import TABLES, check_delivered, delivery, read_selection, read_tables_doc
 from release.publish.evaluated import leave_out, require_evaluated
@@ -86,6 +87,9 @@ def check_verified(build: str, verified: tuple[Report, str], local: dict[str, di
                 raise GateError(f"{name(rel)}: changed while this push read it; run 'release push' again")
         elif not after_verification(rel):
             want = report.manifest.get(rel)
+            if want is None and left_by(rel):
+                raise GateError(f"{name(rel)}: a temporary of {left_by(rel)} that a killed command left; remove it "
+                                f"(the next command that writes {left_by(rel)} removes it too)")
             if want is None:
                 raise GateError(f"{name(rel)}: not in the verification manifest (added after 'release verify'); "
                                 f"remove it, or {rerun}")
@@ -113,8 +117,8 @@ def scanned(root: Path, files: list[str], cache: HashCache) -> dict[str, dict[st
     return local
 
 
-def checked_files(folder: Path, build: str, verified: tuple[Report, str] | None,
-                  cache: HashCache) -> dict[str, dict[str, Any]]:
+def checked_files(folder: Path, build: str, verified: tuple[Report, str] | None, cache: HashCache,
+                  languages: list[str]) -> dict[str, dict[str, Any]]:
     """Every file of a build folder with its hashes, after the checks a push needs.
 
     No links or special files, no secrets (``scanned``: a secret is named first, it must go whatever else is
@@ -122,7 +126,7 @@ def checked_files(folder: Path, build: str, verified: tuple[Report, str] | None,
     verification report, exactly its manifest's bytes plus those.
     """
     local = scanned(folder, publishable(folder), cache)
-    check_written(folder, local, f"rerun 'release card {build}' or 'release eval {build}' to write it")
+    check_written(folder, local, f"rerun 'release card {build}' or 'release eval {build}' to write it", languages)
     if verified is not None:
         check_verified(build, verified, local, lambda rel: str(folder / rel),
                        f"rerun 'release verify {build}' (and 'release card {build}')")

@@ -26,10 +26,11 @@ class HashCache:
     inode, device) is unchanged.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
+        """``path`` None: a cache of this process only, neither read nor saved."""
         self.path = path
         try:
-            entries = parse_json(path.read_bytes(), str(path), "") if path.is_file() else {}
+            entries = parse_json(path.read_bytes(), str(path), "") if path is not None and path.is_file() else {}
         except ReleaseError:  # a damaged cache is only a cache: start afresh
             entries = {}
         self.entries: dict[str, dict[str, Any]] = entries if isinstance(entries, dict) else {}
@@ -72,7 +73,8 @@ class HashCache:
         return results
 
     def save(self) -> None:
-        write_json(self.path, self.entries)
+        if self.path is not None:
+            write_json(self.path, self.entries)
 
 
 def is_lfs(path: str, size: int) -> bool:

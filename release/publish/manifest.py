@@ -315,7 +315,8 @@ def run_manifest(request: ManifestRequest) -> Lock:
     cache = HashCache(cache_dir() / "hashes.json")
     siblings = []
     for b in request.builds:
-        local = checked_files(request.dist / b.repo, b.name, request.reports[b.name], cache)
+        local = checked_files(request.dist / b.repo, b.name, request.reports[b.name], cache,
+                              request.release.languages)
         files = {rel: {"sha256": h["sha256"], "size": h["size"], "sha1": h["sha1"],
                        "storage": "lfs" if is_lfs(rel, h["size"]) else "git"} for rel, h in local.items()}
         siblings.append({"build": b.name, "repo": b.repo, "files": files})

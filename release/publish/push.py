@@ -27,6 +27,7 @@ from release.core.io import atomic_dir, cache_dir, clean_stale, exclusive_lock, 
 from release.core.output import info, quiet
 from release.publish.gate import checked_files
 from release.publish.hashing import LFS_THRESHOLD, HashCache
+from release.publish.hub_client import describe
 from release.publish.manifest import locked_files, staged
 from release.publish.plan import (
     FilePlan,
@@ -45,6 +46,8 @@ from release.publish.request import PushRequest
 from release.publish.scan import CHUNK
 
 LOCK_NAME = ".release-push.lock"
+_RERUN = ("run 'release push' again: it re-plans against the Hub, commits only what is missing and tags the "
+          "commit")
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,10 @@ def _operation(folder: Path, f: FilePlan, hashed: dict[str, Any]) -> Any:
 def _mismatches(remote: HubRemote, plan: RepoPlan, local: dict[str, dict[str, Any]], commit: str) -> str | None:
     """The first file whose remote hash differs from the hash the plan approved, compared the way the remote stores
     each, and why; then the LFS files this commit uploaded are read back (``_read_back``)."""
-    after = remote.state(plan.repo_id, plan.revision).files
+    try:
+        after = remote.state(plan.repo_id, plan.revision).files
+    except ReleaseError as exc:  # a timeout, an answer refused: the commit stays untagged, a rerun checks it again
+        return f"it could not be read back ({exc})"
     for f in plan.files:
         if f.action == "delete":
             continue
@@ -108,7 +114,7 @@ def _read_back(remote: HubRemote, plan: RepoPlan, paths: list[str], local: dict[
                 got = sha256_file(path)
                 path.unlink()
             except failures as exc:
-                return f"{name} could not be downloaded back to check its bytes ({type(exc).__name__})"
+                return f"{name} could not be downloaded back to check its bytes ({describe(exc)})"
             if got != local[name]["sha256"]:
                 return (f"the bytes the Hub stores for {name}, downloaded back, are not the hashed local file "
                         f"(sha256 {got}, approved {local[name]['sha256']})")
@@ -131,15 +137,18 @@ def _tag(remote: HubRemote, plan: RepoPlan, commit: str) -> str:
 
     if plan.tag_action == "unchanged":
         return f"tag {plan.tag} already on {commit[:12]}"
+    failures: tuple[type[Exception], ...] = (HfHubHTTPError, *_transport_errors())
     try:
-        if plan.tag_action == "move":
-            remote.api.delete_tag(plan.repo_id, tag=plan.tag)
-        remote.api.create_tag(plan.repo_id, tag=plan.tag, revision=commit)  # a tag made meanwhile: an error
-    except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else None
+        with remote.deadline(f"tagging {plan.repo_id}"):
+            if plan.tag_action == "move":
+                remote.api.delete_tag(plan.repo_id, tag=plan.tag)
+            remote.api.create_tag(plan.repo_id, tag=plan.tag, revision=commit)  # a tag made meanwhile: an error
+    except failures as exc:
+        why = f"HTTP {exc.response.status_code if exc.response is not None else None}" \
+            if isinstance(exc, HfHubHTTPError) else describe(exc)
         raise ReleaseError(f"{plan.repo_id}: {commit[:12]} is on the branch, but tagging it {plan.tag} failed "
-                           f"(HTTP {status}); check the repo's tags, then run 'release push' again (with --retag "
-                           "if the tag exists)") from exc
+                           f"({why}); check the repo's tags, then run 'release push' again (with --retag if the tag "
+                           "exists)") from exc
     if plan.tag_action == "move":
         return f"moved tag {plan.tag} from {(plan.tag_target or '')[:12]} to {commit[:12]}"
     return f"tagged {plan.tag}"
@@ -167,10 +176,11 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
     ops: list[Any] = [_operation(folder, f, local[f.path]) for f in plan.changes if f.action in ("add", "modify")]
     ops += [CommitOperationDelete(path_in_repo=f.path) for f in plan.changes if f.action == "delete"]
     try:
-        if not plan.exists:  # not exist_ok: a repo made after the plan may be public, and --private would not apply
-            api.create_repo(plan.repo_id, private=request.private)
-        if not plan.branch_exists:
-            api.create_branch(plan.repo_id, branch=plan.revision, revision=plan.head)
+        with remote.deadline(f"creating {plan.repo_id}" if not plan.exists else f"branching {plan.repo_id}"):
+            if not plan.exists:  # not exist_ok: a repo made after the plan may be public; --private would not apply
+                api.create_repo(plan.repo_id, private=request.private)
+            if not plan.branch_exists:
+                api.create_branch(plan.repo_id, branch=plan.revision, revision=plan.head)
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else None
         made = "the repo" if not plan.exists else f"branch {plan.revision}"
@@ -178,8 +188,7 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
                            "plan); nothing was committed; run 'release push' again to re-plan") from exc
     except _transport_errors() as exc:
         raise ReleaseError(f"{plan.repo_id}: the connection to the Hub failed while the repo or branch was created "
-                           f"({type(exc).__name__}); nothing was committed; run 'release push' again to re-plan") \
-            from exc
+                           f"({describe(exc)}); nothing was committed; run 'release push' again to re-plan") from exc
     created = f"created branch {plan.revision}, " if not plan.branch_exists else ""
     empty = "the repo was created and is empty; " if not plan.exists else ""
     if not plan.changes:
@@ -213,13 +222,15 @@ def _push_hub(remote: HubRemote, plan: RepoPlan, folder: Path, request: PushRequ
         if changed is not None:
             raise changed from exc
         cause = exc.__cause__ or exc
-        raise ReleaseError(f"{plan.repo_id}: {exc} ({type(cause).__name__}, after huggingface_hub's retries); "
+        raise ReleaseError(f"{plan.repo_id}: {exc} ({describe(cause)}, after huggingface_hub's retries); "
                            f"nothing was committed; {empty}run 'release push' again (uploaded files are not sent "
                            "twice)") from exc
     except _transport_errors() as exc:
-        raise ReleaseError(f"{plan.repo_id}: the connection dropped during the commit ({type(exc).__name__}): the "
-                           "Hub may have applied it; run 'release push' again: it re-plans against the Hub, "
-                           "commits only what is missing and tags the commit") from exc
+        raise ReleaseError(f"{plan.repo_id}: the connection dropped during the commit ({describe(exc)}): the Hub "
+                           f"may have applied it; {_RERUN}") from exc
+    except (ValueError, KeyError) as exc:  # an answer that is not the Hub's (not JSON, not its fields)
+        raise ReleaseError(f"{plan.repo_id}: the answer to the commit is not one huggingface_hub reads "
+                           f"({type(exc).__name__}): the Hub may have applied it; {_RERUN}") from exc
     commit = done.oid
     if request.create_pr:
         return Pushed(f"{created}opened a pull request ({plural(len(ops), 'file')})", commit, done.pr_url)
@@ -304,7 +315,7 @@ def run_push(request: PushRequest) -> str:
     if request.lock is None:
         cache = HashCache(cache_dir() / "hashes.json")
         return _run_push(request, request.dist, cache, lambda folder, build: checked_files(
-            folder, build.name, request.reports.get(build.name), cache))
+            folder, build.name, request.reports.get(build.name), cache, request.release.languages))
     lock, lock_path = request.lock, request.lock_path
     assert lock_path is not None
     with staged(lock, request.builds, request.release.languages) as dist:  # temporary: its hashes are not kept
@@ -316,7 +327,7 @@ def run_push(request: PushRequest) -> str:
 def _run_push(request: PushRequest, dist: Path, cache: HashCache,
               files: Callable[[Path, BuildConfig], dict[str, dict[str, Any]]]) -> str:
     """Plan (and push) the builds in ``dist``; ``files`` gives a build folder's checked files and hashes."""
-    remote: HubRemote | FolderRemote = FolderRemote(request.target, cache) if request.target \
+    remote: HubRemote | FolderRemote = FolderRemote(request.target) if request.target \
         else HubRemote(request.endpoint)
     lock = exclusive_lock(request.target / LOCK_NAME, f"push to {request.target}") \
         if request.target is not None and not request.dry_run else nullcontext()
@@ -326,7 +337,8 @@ def _run_push(request: PushRequest, dist: Path, cache: HashCache,
             folder = dist / build.repo
             local = files(folder, build)
             hashes.append(local)
-            plans.append(plan_repo(remote, request, build, folder, local))
+            with remote.deadline(f"the plan of {request.org}/{build.repo}"):
+                plans.append(plan_repo(remote, request, build, folder, local))
         cache.save()
         if request.preview is not None:
             write_preview(request.preview, plans, request, dist)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from release.core.errors import ReleaseError
+from release.publish import hub_client
 from release.publish.hashing import HashCache, is_lfs
 
 MAIN = "main"
@@ -25,32 +27,49 @@ class RemoteState:
 
 
 class HubRemote:
-    """A repo on the Hub (or a server speaking its API), read through huggingface_hub."""
+    """A repo on the Hub (or a server speaking its API), read through huggingface_hub, whose requests are bounded
+    (``hub_client``: timeouts, deadlines, answer sizes, redirects); the token is checked before the first."""
 
     def __init__(self, endpoint: str | None) -> None:
         from huggingface_hub import HfApi
         from huggingface_hub.utils import disable_progress_bars
 
+        token = hub_client.token()
+        hub_client.install()
         disable_progress_bars()  # but while a commit uploads (push._upload_bars): reading the remote is quick
-        self.api = HfApi(endpoint=endpoint, token=os.environ.get("HF_TOKEN") or None)
+        self.api = HfApi(endpoint=endpoint, token=token)
+
+    def deadline(self, what: str) -> AbstractContextManager[None]:
+        """The Hub requests within end within ``RELEASE_HUB_DEADLINE``, all together (``hub_client.deadline``)."""
+        return hub_client.deadline(what)
+
+    @contextmanager
+    def _reading(self, what: str) -> Iterator[None]:
+        """Reads of the remote under a deadline; a failure (offline mode, DNS, a refused connection, a timeout) says
+        where and stops."""
+        try:
+            with self.deadline(f"reading {what}"):
+                yield
+        except ReleaseError:
+            raise
+        except Exception as exc:
+            raise ReleaseError(f"cannot read {what} from {self.api.endpoint}: {hub_client.describe(exc)}; check "
+                               "--endpoint and the network, or plan against a folder with --target DIR") from exc
 
     def state(self, repo_id: str, revision: str = MAIN) -> RemoteState:
         """The repo at the head of ``revision``; a branch that does not exist yet is read at main's head (where the
         push creates it)."""
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
-        try:
-            info = self.api.repo_info(repo_id)
-            refs = self.api.list_repo_refs(repo_id)
-            branches = {b.name: b.target_commit for b in refs.branches}
-            head = branches.get(revision, info.sha)
-            tree = list(self.api.list_repo_tree(repo_id, recursive=True, revision=head))
-        except (RepositoryNotFoundError, RevisionNotFoundError):
-            return RemoteState(None, {}, {}, revision == MAIN)
-        except Exception as exc:  # offline mode, DNS, refused connection: say where and stop
-            raise ReleaseError(f"cannot read {repo_id} from {self.api.endpoint}: {type(exc).__name__}: "
-                               f"{str(exc).splitlines()[0] if str(exc) else ''}; check --endpoint and the "
-                               "network, or plan against a folder with --target DIR") from exc
+        with self._reading(repo_id):
+            try:
+                info = self.api.repo_info(repo_id)
+                refs = self.api.list_repo_refs(repo_id)
+                branches = {b.name: b.target_commit for b in refs.branches}
+                head = branches.get(revision, info.sha)
+                tree = list(self.api.list_repo_tree(repo_id, recursive=True, revision=head))
+            except (RepositoryNotFoundError, RevisionNotFoundError):
+                return RemoteState(None, {}, {}, revision == MAIN)
         from huggingface_hub.hf_api import RepoFile
 
         files = {}
@@ -61,15 +80,23 @@ class HubRemote:
                            info.private)
 
     def read(self, repo_id: str, path: str, revision: str) -> str:
-        local = self.api.hf_hub_download(repo_id, path, revision=revision)
+        with self._reading(f"{path} of {repo_id}"):
+            local = self.api.hf_hub_download(repo_id, path, revision=revision)
         return Path(local).read_text(encoding="utf-8", errors="replace")
 
 
 class FolderRemote:
-    """A local folder standing in for the Hub (``--target``: air-gapped staging); it has no tags."""
+    """A local folder standing in for the Hub (``--target``: air-gapped staging); it has no tags. Its files are
+    hashed by content on every plan, never taken from the hash cache: a cached digest is a speed-up for the files a
+    push sends, which are hashed again as they are copied, but it cannot prove that a target file is "unchanged" (an
+    edited ``hashes.json`` would let a tampered shard stay)."""
 
-    def __init__(self, root: Path, cache: HashCache) -> None:
-        self.root, self.cache = root, cache
+    def __init__(self, root: Path) -> None:
+        self.root, self.cache = root, HashCache(None)
+
+    def deadline(self, what: str) -> AbstractContextManager[None]:
+        """A folder is read without one."""
+        return nullcontext()
 
     def folder(self, repo_id: str) -> Path:
         """``root/ORG/REPO``, refused if it resolves outside the root (an org or repo folder that is a link)."""

@@ -10,7 +10,7 @@ from typing import Any
 from babel.numbers import format_decimal
 from huggingface_hub import ModelCardData
 
-from release.check.report import INDEPENDENT
+from release.check.report import INDEPENDENT, card_name
 from release.core.builds import available_builds, load_build
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.io import read_json
@@ -170,7 +170,7 @@ def card_context(release: ReleaseConfig, build: BuildConfig, folder: Path, table
     siblings = [{"repo_id": f"{release.org}/{release.repos[b]}", "title": sibling_titles.get(b, f"`{b}`"),
                  "current": b == build.name} for b in have.builds]
     languages_line = " | ".join(
-        f"[{code}]({'README.md' if code == langs[0] else f'README.{code}.md'})" for code in langs
+        f"[{code}]({card_name(code, code == langs[0])})" for code in langs
     ) if len(langs) > 1 else ""
     source = prov["source"]
     origin = {"hub cache": _("the Hub commit, from the local Hugging Face cache"),

@@ -10,9 +10,10 @@ from typing import Any
 
 from huggingface_hub import ModelCard
 
-from release.check.written import record_written
+from release.check.report import CARD_FILES, card_name, dropped_by_campaign, matches
+from release.check.written import load_written, record_written
 from release.core.builds import available_builds, load_build, load_release
-from release.core.config import BuildConfig, ReleaseConfig
+from release.core.config import BuildConfig, ReleaseConfig, builds_dir
 from release.core.errors import ReleaseError
 from release.core.io import write_set
 from release.core.provenance import read_provenance
@@ -37,8 +38,9 @@ class CardRequest:
     tables: dict[str, Any]  # tables.json: every card is made from it
 
     @classmethod
-    def create(cls, names: tuple[str, ...], dist: Path, lang: str, check: bool = False) -> CardRequest:
-        langs = [code.strip() for code in lang.split(",") if code.strip()]
+    def create(cls, names: tuple[str, ...], dist: Path, lang: str | None, check: bool = False) -> CardRequest:
+        release = load_release()
+        langs = release.languages if lang is None else [code.strip() for code in lang.split(",") if code.strip()]
         twice = next((code for i, code in enumerate(langs) if code in langs[:i]), None)
         if twice is not None:
             raise ReleaseError(f"--lang: {twice!r} is named twice; name each language once (e.g. --lang en,ko)")
@@ -48,10 +50,17 @@ class CardRequest:
                 raise ReleaseError(f"--lang: unknown language code {code!r}; supported: {', '.join(known)}")
         if not langs:
             raise ReleaseError(f"--lang: name at least one language ({', '.join(known)})")
+        other = next((code for code in langs if code not in release.languages), None)
+        if other is not None:  # a card of another language would be no file of this release: push refuses it
+            raise ReleaseError(f"--lang: {other!r} is not one of the release's languages "
+                               f"({', '.join(release.languages)}); add it to 'languages' in "
+                               f"{builds_dir() / 'release.yaml'}, or leave it out")
         for code in langs:
             check_catalog(code)
-        release = load_release()
-        built = [] if names else [n for n in available_builds() if (dist / load_build(n).repo).is_dir()]
+        # without names: every built repo but those whose weights a campaign dropped (never published: no card)
+        dropped = dropped_by_campaign(dist)
+        built = [] if names else [n for n in available_builds() if (dist / load_build(n).repo).is_dir()
+                                  and n not in dropped]
         if not names and not built:
             raise ReleaseError(f"{dist}: no built repos to document; run 'release build NAME' first")
         tables = _card_tables(dist)
@@ -109,7 +118,7 @@ def card_files(request: CardRequest, localized: dict[str, dict[str, Any]], selec
         if not folder.is_dir():
             raise ReleaseError(f"{folder}: missing; run 'release build {build.name}' first")
         for i, lang in enumerate(request.langs):
-            name = "README.md" if i == 0 else f"README.{lang}.md"
+            name = card_name(lang, i == 0)
             files[folder / name] = render_card(request.release, build, folder, localized[lang], selection, have,
                                                provenances, lang, request.langs)
         files[folder / "LICENSE"] = license_text(request.release, folder, build)
@@ -134,5 +143,9 @@ def render_cards(request: CardRequest) -> list[Path]:
     write_set(outputs)  # one set: a failure (a full disk) leaves every old card file and plot
     for build in request.builds:
         folder = request.dist / build.repo
-        record_written(folder, [path for path in outputs if path.parent == folder], "release card")
+        ours = [path for path in outputs if path.parent == folder]
+        for stale in set(load_written(folder).files) - {p.name for p in ours}:  # a language not rendered now
+            if matches(stale, CARD_FILES):
+                (folder / stale).unlink(missing_ok=True)
+        record_written(folder, ours, "release card")  # a kill before this: push refuses the unrecorded new files
     return sorted(outputs)
