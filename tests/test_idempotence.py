@@ -246,3 +246,37 @@ def test_an_edited_build_file_redoes_only_that_build(finished: Path, small: Path
     assert all(Path(rel).name.startswith(("README", "forest.")) or rel.endswith("written.json") for rel in others), \
         sorted(others)
     assert not [rel for rel in changed if rel.endswith((".safetensors", ".pth")) and not rel.startswith(f"{MAVG}/")]
+
+
+def test_an_edited_template_or_catalog_rewrites_only_the_cards_it_renders(finished: Path, tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line added to the card template changes both cards of each delivered build (and their records), nothing
+    else; then a Korean msgstr edited in the catalog changes only the Korean cards."""
+    from release.publish.card import i18n
+    from tests.test_workflows import _a_korean_string_of_every_card
+
+    korean = _a_korean_string_of_every_card()
+    templates, locales = tmp_path / "templates", tmp_path / "locales"
+    shutil.copytree(ROOT / "templates", templates)
+    shutil.copytree(ROOT / "locales", locales)
+    monkeypatch.setattr(i18n, "TEMPLATES", templates)
+    monkeypatch.setattr(i18n, "LOCALES", locales)
+    template = templates / "card.md.j2"
+    template.write_text(template.read_text() + "\nA line this edit adds to the template.\n")
+
+    def changed_by_card() -> set[str]:
+        before = dist_files(finished)
+        _ok("card", "--dist", finished)
+        after = dist_files(finished)
+        return {rel for rel in set(before) | set(after) if before.get(rel) != after.get(rel)}
+
+    cards = {f"{repo}/{name}" for repo in (RTN, MAVG005) for name in ("README.md", "README.ko.md")}
+    records = {f"{repo}/verification/written.json" for repo in (RTN, MAVG005)}
+    assert changed_by_card() == cards | records
+    po = locales / "ko" / "LC_MESSAGES" / "messages.po"
+    po.write_text(po.read_text(encoding="utf-8").replace(f'\nmsgstr "{korean}"\n', f'\nmsgstr "{korean} (수정)"\n', 1),
+                  encoding="utf-8")
+    for cached in (i18n._catalog, i18n._compiled):  # a new process reads the catalog afresh; this one cached it
+        cached.cache_clear()
+    assert changed_by_card() == {rel for rel in cards if rel.endswith("ko.md")} | records
+    assert "A line this edit adds to the template." in (finished / RTN / "README.md").read_text()
