@@ -42,7 +42,7 @@ from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig
 from release.core.errors import ReleaseError
 from release.core.io import json_text, write_set
-from release.core.output import progress
+from release.core.output import progress, warning
 from release.core.profile import stage
 from release.inputs.fixture import fixture_reference
 from release.inputs.source import SourceModel, recalled_inputs, resolve_checkpoint, resolve_source
@@ -311,6 +311,11 @@ def verify_names(names: tuple[str, ...], all_builds: bool, dist: Path) -> tuple[
 
     if all_builds:
         names = tuple(n for n in load_release().sweep or available_builds() if (dist / load_build(n).repo).is_dir())
+        dropped = [n for n in names if dropped_weights(dist / load_build(n).repo, n)]
+        if dropped:  # named, each is a one-line error (refuse_dropped); in --all, left out and said so
+            warning(f"{', '.join(dropped)}: dropped by the campaign (weights gone, reports kept); left out: restore "
+                    "one with 'release build NAME', or name it to see why")
+        names = tuple(n for n in names if n not in dropped)
         if not names:
             raise ReleaseError(f"{dist}: no build of the sweep is there; run 'release build --all --out {dist}' first")
     if not names:
