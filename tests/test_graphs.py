@@ -30,7 +30,8 @@ from release.inputs.graphs import (
 )
 from release.inputs.observations import Observation, load_observations
 from release.inputs.policy import load_pipeline, map_tensors, rollout
-from release.measure.evaluate import HOW, EvalRequest, _rollout_paths, rollouts, select
+from release.measure.evaluate import HOW, NATIVE_STEPS, EvalRequest, _rollout_paths, rollouts, select
+from tests.conftest import invoke
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device; this machine has none")
 
@@ -40,19 +41,38 @@ def _validation(tiny: Path, n: int) -> list[Observation]:
     return select(load_observations(tiny / "observations"), load_release(), "validation")[:n]
 
 
-@CUDA
-@pytest.mark.parametrize("path", ["bf16", "deployed"])
-def test_graphed_rollouts_equal_eager_ones(path: str, tiny: Path, request: pytest.FixtureRequest) -> None:
-    """The same pipeline rolled out eager, then with its decoder stack in CUDA graphs: the same action bits and the
-    same recorded GEMM shapes; one graph per call signature, replayed for every transformer call."""
-    from release.quantize.load import deployed_transformer
+def _model(path: str, tiny: Path, request: pytest.FixtureRequest, tmp_path: Path) -> torch.nn.Module | None:
+    """The transformer ``release eval`` rolls out on ``path`` (None: the BF16 source's). ``fakequant-pc``: the
+    per-channel family's replay (per-token input amax on the device), its build made here."""
+    from release.core.builds import load_build
+    from release.quantize.load import deployed_transformer, fakequant_transformer
 
+    if path == "bf16":
+        return None
+    if path == "deployed":
+        return deployed_transformer(request.getfixturevalue("rtn_build"))
+    if path == "fakequant":
+        return fakequant_transformer(tiny / "source", request.getfixturevalue("rtn_build"), load_build("rtn"))
+    result = invoke("build", "pc_rtn", "--source", tiny / "source", "--observations", tiny / "observations",
+                    "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    build = load_build("pc_rtn")
+    return fakequant_transformer(tiny / "source", tmp_path / build.repo, build)
+
+
+@CUDA
+@pytest.mark.parametrize("path", ["bf16", "deployed", "fakequant", "fakequant-pc"])
+def test_graphed_rollouts_equal_eager_ones(path: str, tiny: Path, request: pytest.FixtureRequest,
+                                           tmp_path: Path) -> None:
+    """The same pipeline rolled out eager, then with its decoder stack in CUDA graphs: the same action bits and the
+    same recorded GEMM shapes; one graph per call signature, replayed for every transformer call. The fake-quant
+    replays (per tensor and per token) are marked capturable by their maker, as a deployed build is."""
     if path == "deployed" and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("ModelOpt's FP8 GEMM needs an FP8 GPU (compute capability 8.9 or newer)")
     settings = load_release().policy
-    model = None if path == "bf16" else deployed_transformer(request.getfixturevalue("rtn_build"))
+    model = _model(path, tiny, request, tmp_path)
     pipe = load_pipeline(tiny / "source", settings, transformer=model)
-    kwargs = {} if model is None else {"mixed_precision_format": "none"}  # as release eval --path deployed
+    kwargs = {} if model is None else NATIVE_STEPS  # as release eval rolls out a build
     record = getattr(pipe.transformer, "gemm_record", None)
     observations = _validation(tiny, 4)
 
@@ -67,7 +87,7 @@ def test_graphed_rollouts_equal_eager_ones(path: str, tiny: Path, request: pytes
 
     eager, eager_shapes = run()
     if model is None:
-        capturable(pipe.transformer)
+        capturable(pipe.transformer)  # as release eval marks the source
     calls = graph_decoder_stack(pipe.transformer)
     assert calls is not None
     graphed, graphed_shapes = run()

@@ -47,6 +47,32 @@ def test_a_memoised_conditioning_gives_the_bits_of_a_computed_one(tiny: Path, mo
     assert np.array_equal(_bits(again), _bits(computed))
 
 
+def test_a_copy_of_the_source_elsewhere_uses_the_same_conditioning(tiny: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """The memo's key is the VAE's weights and config, not the folder it was loaded from: the same source copied
+    elsewhere (a project folder, the Hub cache's snapshot) encodes no frame again and gives the same bits."""
+    import shutil
+
+    monkeypatch.setattr(policy, "_CONDITIONED", {})
+    settings = PolicySettings()
+    obs = load_observations(tiny / "observations")[0]
+    computed = policy.rollout(policy.load_pipeline(tiny / "source", settings), obs, settings)
+    copy = shutil.copytree(tiny / "source", tmp_path / "elsewhere" / "source")
+    calls: list[torch.Tensor] = []
+    encode = Cosmos3OmniPipeline._encode_video
+
+    def counted(self: Cosmos3OmniPipeline, x: torch.Tensor) -> torch.Tensor:
+        calls.append(x)
+        return encode(self, x)
+
+    monkeypatch.setattr(Cosmos3OmniPipeline, "_encode_video", counted)
+    pipe = policy.load_pipeline(copy, settings)
+    assert pipe.vae.config["_name_or_path"] != str(tiny / "source" / "vae")  # loaded from the copy
+    again = policy.rollout(pipe, obs, settings)
+    assert not calls and len(policy._CONDITIONED) == 1
+    assert np.array_equal(_bits(again), _bits(computed))
+
+
 def _entry(path: Path) -> tuple[dict[str, str], dict[str, bytes]]:
     """A safetensors file's metadata and tensors' bytes (its header's key order is not fixed)."""
     from safetensors import safe_open

@@ -31,9 +31,11 @@ from release.cli.base import (
 def main(ctx: click.Context) -> None:
     """Build, verify, document and publish FP8 builds of Cosmos3-Nano-Policy-DROID."""
     from release.core.distributed import join
+    from release.core.io import cache_compiles
     from release.core.profile import begin, check_target
 
     quiet_libraries()
+    cache_compiles()
     check_target()
     rank = join(ctx.invoked_subcommand).rank  # torchrun: the process group, before any work
     begin(str(ctx.invoked_subcommand), rank)
@@ -236,7 +238,8 @@ def import_lerobot_(dataset: Path, out: Path, per_lab: int, labs: str | None, la
 @OBSERVATIONS
 def import_served_(name: str, file: Path, dist: Path, source: Path | None, observations: Path | None) -> None:
     """Take a policy server's results (npz) as the build's 'served' path."""
-    from release.measure.evaluate import describe, import_served
+    from release.measure.evaluate import describe
+    from release.measure.imported import import_served
 
     out = import_served(name, file, dist, observations, source)
     click.echo(f"results: {out} ({describe(out)})")

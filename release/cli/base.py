@@ -142,10 +142,11 @@ Environment:
   RELEASE_SOURCE        BF16 source (a folder or a Hub id in the local cache) when --source is not
                         given (then the cache at base_model / base_revision)
   RELEASE_OBSERVATIONS  observation set when --observations is not given
-  RELEASE_CACHE         calibration captures, rollouts, VAE encodes, hashes (default .cache/release)
+  RELEASE_CACHE         calibration captures, rollouts, VAE encodes, hashes, torch.compile's caches
+                        (default .cache/release; TORCHINDUCTOR_CACHE_DIR, where set, for the last)
   RELEASE_DEVICE        auto (default: CUDA when present), cpu or cuda
-  RELEASE_CUDA_GRAPHS   0: eval's rollouts run eager on CUDA (default 1: BF16 and the deployed FP8 build
-                        replay their decoder stacks as CUDA graphs, the same bits)
+  RELEASE_CUDA_GRAPHS   0: eval's rollouts run eager on CUDA (default 1: BF16, the fake-quant replay and
+                        the deployed FP8 build replay their decoder stacks as CUDA graphs, the same bits)
   RELEASE_DEBUG=1       tracebacks instead of one-line errors
   RELEASE_PROFILE=FILE  the time and peak GPU memory of each stage, written to FILE as JSON (and printed)
   RELEASE_MAX_GPU_MEMORY=SIZE

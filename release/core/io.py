@@ -449,6 +449,17 @@ def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV, ".cache/release"))
 
 
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def cache_compiles() -> None:
+    """torch.compile's caches (inductor's compiled graphs, Triton kernels, autotuning results) in the tool's cache
+    folder, unless ``TORCHINDUCTOR_CACHE_DIR`` is set: the yardstick's compiled rollouts and ModelOpt's compiled FP8
+    GEMM are compiled once and then read back by every later process that shares the cache folder (torch's default
+    is a folder under /tmp)."""
+    os.environ.setdefault(INDUCTOR_CACHE_ENV, str((cache_dir() / "torchinductor").resolve()))
+
+
 LAST_EPOCH = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second an ISO date (and Python's datetime) can hold
 
 

@@ -52,8 +52,8 @@ def enabled() -> bool:
 
 def capturable(model: M) -> M:
     """Mark ``model``'s decoder stack as safe to capture once warmed up: no wait for the device and no copy from the
-    host in its calls (the BF16 transformer; ModelOpt's FP8 GEMM once its scales are cached). Unmarked models (the
-    fake-quant replay, a ``torch.compile`` yardstick, the row-wise FP8 Linear) run eager."""
+    host in its calls (the BF16 transformer; ModelOpt's FP8 GEMM once its scales are cached; the fake-quant replay,
+    its weights folded). Unmarked models (a ``torch.compile`` yardstick, the row-wise FP8 Linear) run eager."""
     setattr(model, CAPTURABLE, True)
     return model
 

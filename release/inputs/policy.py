@@ -148,9 +148,12 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
     """
 
     def _vae_key(self) -> str:
-        """A hash of the VAE's weights and config (the conditioning's memo key), computed once per pipeline."""
+        """A hash of the VAE's weights and config (the conditioning's memo key), computed once per pipeline. The folder
+        it was loaded from (the config's ``_name_or_path``) is left out: a copy of the same source elsewhere (another
+        project folder, the Hub cache's snapshot) encodes a frame to the same bits."""
         if not hasattr(self, "_vae_digest"):
-            h = hashlib.sha256(json.dumps(dict(self.vae.config), sort_keys=True, default=str).encode())
+            config = {k: v for k, v in dict(self.vae.config).items() if k != "_name_or_path"}
+            h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
             for t in self.vae.state_dict().values():
                 h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
             self._vae_digest = h.hexdigest()

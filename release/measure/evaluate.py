@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,6 @@ from release import __version__
 from release.check.written import record_written
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig, StepPolicy
-from release.core.conformance import POLICY_SERVER
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, parse_json, replacing, write_json
 from release.core.memory import resident_bytes
@@ -34,7 +32,13 @@ from release.core.output import info, progress
 from release.core.profile import device_name, stage
 from release.core.provenance import read_provenance
 from release.inputs.observations import Observation, action_sigma, load_observations, observation_set_digest
-from release.inputs.source import load_transformer, recalled_inputs, resolve_source, source_revision
+from release.inputs.source import (
+    SourceModel,
+    load_transformer,
+    recalled_inputs,
+    resolve_source,
+    source_revision,
+)
 from release.measure.layout import EXTERNAL, EXTERNAL_TITLE, PERF, RESULTS, YARDSTICKS, as_external, external_name
 from release.quantize.load import deployed_transformer, fakequant_transformer
 from release.quantize.served import ran_steps, served_kernel, served_transformer, torchao_version
@@ -79,6 +83,7 @@ class EvalRequest:
     cache: Path
     yardsticks: bool
     steps: StepPolicy  # the served path's: which denoising steps run W8A16
+    resident: SourceModel | None = None  # the source as release campaign holds it: fake quant needs no read of it
 
     @property
     def builds(self) -> list[BuildConfig]:
@@ -146,9 +151,11 @@ def _rollout_paths(request: EvalRequest, label: str, observations: list[Observat
     from release.inputs.policy import settings_digest
 
     device = compute_device()  # CPU and GPU rollouts differ: cache them apart (CUDA graphs or not, the same bits)
+    # and so may two versions of torch's kernels: a rollout is reused only under the torch and CUDA that made it
     folder = request.cache / "rollouts" / _key(label, device, source_revision(request.source),
                                                observation_set_digest(request.observations),
-                                               settings_digest(request.release.policy))
+                                               settings_digest(request.release.policy), torch.__version__,
+                                               str(torch.version.cuda))
     return [folder / f"obs-{o.obs_id:05d}-seed-{s}.npy" for o, s in zip(observations, seeds, strict=True)]
 
 
@@ -156,9 +163,9 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
              observations: list[Observation], seeds: list[int], pipe_kwargs: dict[str, Any]) -> np.ndarray:
     """[N, chunk, dims] actions, one rollout per (observation, seed); cached per item so a run resumes. Under
     torchrun each rank rolls out its share of the missing items, then every rank reads them all. On a GPU each
-    rollout's latency and peak memory are kept beside its actions (``performance`` reads them). The BF16 source and
-    a deployed build with ModelOpt's FP8 GEMM run their decoder stacks as CUDA graphs on a GPU
-    (``release.inputs.graphs``), each rollout's record saying whether it did."""
+    rollout's latency and peak memory are kept beside its actions (``performance`` reads them). The BF16 source, the
+    fake-quant replay and a deployed build with ModelOpt's FP8 GEMM run their decoder stacks as CUDA graphs on a
+    GPU (``release.inputs.graphs``), each rollout's record saying whether it did."""
     from release.core.device import free_memory
     from release.core.distributed import world
     from release.inputs.graphs import capturable, graph_decoder_stack
@@ -357,7 +364,8 @@ def _series(request: EvalRequest, splits: list[str]) -> tuple[list[Observation],
 def _candidate(request: EvalRequest, subject: Subject, label: str, obs: list[Observation],
                seeds: list[int]) -> np.ndarray:
     if request.path == "fakequant":
-        make = functools.partial(fakequant_transformer, request.source, subject.checkpoint, subject.build)
+        make = functools.partial(fakequant_transformer, request.source, subject.checkpoint, subject.build,
+                                 request.resident)
     elif request.path == "served":
         make = functools.partial(served_transformer, subject.checkpoint, request.steps, request.release.policy.steps)
     else:
@@ -433,66 +441,3 @@ def run_yardsticks(request: EvalRequest, obs: list[Observation], reference: np.n
     save_results(out / f"seed-{request.split}.npz", base, varied, pairs, other, sigma,
                  computation(request, "bf16", pairs, other))
     return [out / f"compile-{request.split}.npz", out / f"seed-{request.split}.npz"]
-
-
-def _integers(file: Path, key: str, values: np.ndarray) -> list[int]:
-    """An id array as ints: integer dtypes, and floats that are whole numbers (3.0 is 3). Anything else (0.7,
-    strings, booleans) is refused, never truncated."""
-    if values.dtype.kind in "iu" or (values.dtype.kind == "f" and np.isfinite(values).all()
-                                     and (values == np.round(values)).all()):
-        return [int(v) for v in values]
-    bad = next((v for v in values.tolist() if not (isinstance(v, float) and v.is_integer())), values.tolist()[0])
-    raise ReleaseError(f"{file}: array '{key}' must hold integers, got {values.dtype} values such as {bad!r}")
-
-
-def import_served(name: str, file: Path, dist: Path, observations: Path | None, source: Path | None) -> Path:
-    """Check an external server's results (npz: reference, candidate [N, chunk, 8], obs_ids, seeds?, sigma?) and
-    store them as the build's ``served`` path."""
-    release = load_release()
-    build = load_build(name)
-    folder = dist / build.repo
-    if not folder.is_dir():
-        raise ReleaseError(f"{folder}: missing; run 'release build {name}' first")
-    data = load_npz(file, "export it again from the policy server")
-    for key in ("reference", "candidate", "obs_ids"):
-        if key not in data:
-            raise ReleaseError(f"{file}: array '{key}' is missing; expected reference, candidate [N, chunk, 8], "
-                               "obs_ids [N], optional seeds [N] and sigma [8]")
-    for key in ("reference", "candidate", "sigma"):
-        if key in data and data[key].dtype.kind not in "fiu":
-            raise ReleaseError(f"{file}: array '{key}' must hold numbers, got {data[key].dtype}")
-    ref, cand = data["reference"], data["candidate"]
-    dims = release.policy.action_dims
-    if ref.ndim != 3 or ref.shape[2] != dims or ref.shape != cand.shape:
-        raise ReleaseError(f"{file}: 'reference' {list(ref.shape)} and 'candidate' {list(cand.shape)} must both be "
-                           f"[N, chunk, {dims}]")
-    if 0 in ref.shape:
-        raise ReleaseError(f"{file}: 'reference' and 'candidate' are {list(ref.shape)}: no observation or no action "
-                           "step; export at least one observation's chunk")
-    n = ref.shape[0]
-    for key in ("obs_ids", "seeds"):
-        if key in data and data[key].shape != (n,):
-            raise ReleaseError(f"{file}: '{key}' has shape {list(data[key].shape)}, expected [{n}]")
-    for key in ("reference", "candidate"):
-        if not np.isfinite(data[key]).all():
-            raise ReleaseError(f"{file}: array '{key}' holds NaN or Inf")
-    if "sigma" in data and (data["sigma"].shape != (dims,) or not (np.isfinite(data["sigma"])
-                                                                   & (data["sigma"] > 0)).all()):
-        raise ReleaseError(f"{file}: 'sigma' must be {dims} positive numbers")
-    ids = _integers(file, "obs_ids", data["obs_ids"])
-    repeated = sorted(i for i, count in Counter(ids).items() if count > 1)
-    if repeated:
-        raise ReleaseError(f"{file}: 'obs_ids' repeats {repeated[:5]}; each observation may appear once")
-    seeds = _integers(file, "seeds", data["seeds"]) if "seeds" in data else [release.policy.noise_seed] * n
-    obs_folder = observations or resolve_source(release, source).parent / "observations"
-    known = {o.obs_id: o for o in load_observations(obs_folder)}
-    unknown = [i for i in ids if i not in known]
-    if unknown:
-        raise ReleaseError(f"{file}: unknown observation ids {unknown[:5]}; they must be obs_id values of the "
-                           "observation set")
-    sigma = data["sigma"] if "sigma" in data else action_sigma(obs_folder, release.action_stats, dims)
-    out = folder / RESULTS / "served-all.npz"
-    save_results(out, ref, cand, [known[i] for i in ids], seeds, sigma,  # computed by the server: its kernel alone
-                 {"device": None, "torch": None, "cuda": None, "kernel": POLICY_SERVER, "gemm_shapes": []})
-    record_written(folder, [out], "release import-served")
-    return out

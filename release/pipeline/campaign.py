@@ -43,7 +43,7 @@ from release.core.provenance import read_provenance
 from release.core.rules import CampaignEval
 from release.inputs.fixture import fixture_reference
 from release.inputs.observations import observation_set_digest
-from release.inputs.source import remember_inputs
+from release.inputs.source import SourceModel, remember_inputs
 from release.measure.evaluate import EvalRequest, Subject, roll_out, run_eval
 from release.measure.select import SelectRequest, delivery, run_select
 from release.measure.tables import TablesRequest, run_tables
@@ -203,14 +203,16 @@ def _kept(request: CampaignRequest) -> set[str]:
     return sure | ({REFERENCE_BUILD} if fixture_reference(request.build.source) is None else set())
 
 
-def _evaluate(request: CampaignRequest, build: BuildConfig, wanted: list[CampaignEval]) -> None:
-    """The evaluations ``wanted`` of the build; each path's splits rolled out from one load of each model."""
+def _evaluate(request: CampaignRequest, build: BuildConfig, wanted: list[CampaignEval],
+              resident: SourceModel | None = None) -> None:
+    """The evaluations ``wanted`` of the build; each path's splits rolled out from one load of each model (the fake
+    quant replay made from the build's files and the ``resident`` source's architecture)."""
     dist, b = request.dist, request.build
     subject = Subject(build, dist / build.repo, dist / build.repo)
     for path in dict.fromkeys(e.path for e in wanted):
         splits = [e.split for e in wanted if e.path == path]
         base = EvalRequest(b.release, [subject], path, splits[0], dist, b.source, b.observations, b.cache, False,
-                           b.release.served_steps)
+                           b.release.served_steps, resident)
         with stage(f"campaign: eval {path}"):
             roll_out(base, list(splits))
             for split in splits:
@@ -290,7 +292,7 @@ def _sweep(request: CampaignRequest, journal: Journal) -> bool:
                 if entry.get("dropped"):  # evaluated again (an edited release.yaml): its weights put back first
                     restore_checkpoints(request, [build], journal)
                     made = True
-                _evaluate(request, build, wanted)
+                _evaluate(request, build, wanted, builder.source if builder is not None else None)
                 entry["evaluated"] = key
                 journal.save()
             ok &= entry["verified"]

@@ -27,7 +27,7 @@ from release.core.errors import ReleaseError
 from release.core.memory import keep_whole
 from release.core.provenance import read_provenance
 from release.inputs.graphs import capturable
-from release.inputs.source import load_transformer
+from release.inputs.source import SourceModel, load_transformer
 from release.quantize.export import SERVING_ONLY
 from release.quantize.recipes import per_channel, quant_config, quantized_linears
 
@@ -98,7 +98,7 @@ def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.
     ``torch._scaled_mm`` with per-token input scales; or that arithmetic emulated exactly (``release.core.fp8``), by
     default where models run on the CPU (on a GPU, to show the two equal). The model's ``gemm_record`` names the
     kernel and collects the GEMM shapes that run. ModelOpt's kernel is marked ``capturable`` (CUDA graphs in
-    ``release eval``); the row-wise Linear and the emulation are not."""
+    ``release eval``, as is the fake-quant replay); the row-wise Linear and the emulation are not."""
     model = load_build_transformer(folder)
     if emulate is None:
         emulate = compute_device() != "cuda"
@@ -122,29 +122,34 @@ def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.
     return model
 
 
-def fakequant_transformer(source: Path, folder: Path, build: BuildConfig) -> torch.nn.Module:
+def fakequant_transformer(source: Path, folder: Path, build: BuildConfig,
+                          resident: SourceModel | None = None) -> torch.nn.Module:
     """The seed's offline replay: the build's own tensors (folded norms included), its FP8 weights dequantized
     (codes x scale, so a GPTQ or tuned build is replayed with its own codes), under ModelOpt fake quantization at
     the build's scales: the weights re-quantize to the same codes, the inputs are quantized per tensor at the
-    build's static scales or per token (the per-channel scheme)."""
-    import contextlib
-    import io
-    import warnings
+    build's static scales or per token (the per-channel scheme).
 
+    Every tensor comes from the build's files; of the source only the architecture and each tensor's dtype are used,
+    from ``resident`` (``release campaign``'s source, already in memory) or else read from ``source``. Without a GPU
+    memory cap the build's tensors are read straight onto the device and the model is made there: no 30 GB copy
+    through the host per build."""
     import modelopt.torch.quantization as mtq
     from safetensors.torch import load_file
 
-    model = load_transformer(source / "transformer").eval()
+    from release.core.memory import cap
+
+    home = compute_device() if cap() is None else "cpu"  # under a cap, load_pipeline places it within the cap
+    resident = resident or SourceModel(source)
     built: dict[str, torch.Tensor] = {}
     for shard in sorted((folder / "transformer").glob("*.safetensors")):
-        built.update(load_file(shard))
-    state = model.state_dict()
-    for key in state:
+        built.update(load_file(shard, device=home))
+    weights = {}
+    for key, reference in resident.state.items():
         value = built[key]
-        if value.dtype == torch.float8_e4m3fn:
-            value = fp8.dequantize(value, built[f"{key.removesuffix('.weight')}.weight_quantizer._scale"])
-        state[key] = value.to(state[key].dtype)
-    model.load_state_dict(state)
+        if value.dtype == torch.float8_e4m3fn:  # the codes dropped once dequantized: one copy of the weights at a time
+            value = fp8.dequantize(built.pop(key), built[f"{key.removesuffix('.weight')}.weight_quantizer._scale"])
+        weights[key] = value.to(reference.dtype)
+    model = resident.instantiate(home, weights, bounded=False, share=True)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         mtq.quantize(model, quant_config(build), forward_loop=None)
@@ -157,4 +162,7 @@ def fakequant_transformer(source: Path, folder: Path, build: BuildConfig) -> tor
     # its quantizer) instead of on every call. The same operation on the same tensors: the actions are bit-identical
     # (bench/tiny_rollout.py --compare), at a fraction of a tiny rollout's cost.
     mtq.fold_weight(model, keep_attrs=True)
-    return model
+    # What is left per call is each input's quantize-dequantize at a fixed scale (ModelOpt's fused kernel) or its
+    # per-token amax on the device: no wait for the device and no copy from the host, so its decoder stack is
+    # replayed from CUDA graphs in release eval, the same bits as eager (tests/test_graphs.py).
+    return capturable(model)

@@ -1,0 +1,87 @@
+"""The fake-quant replay's model (``release.quantize.load.fakequant_transformer``) is made from the build's files and
+the source's architecture alone, on the device where it runs: every parameter and buffer equals, in dtype and bits,
+the model of its definition (the source as diffusers loads it, each tensor replaced by the build's, FP8 weights
+dequantized; then ModelOpt's fake quantization at the build's scales, weights folded). On a GPU the model is made
+there (the weights folded by ModelOpt's CUDA kernel) and must equal the definition's made on the CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from release.core import fp8
+from release.core.builds import load_build
+from release.core.device import compute_device
+from release.inputs.source import SourceModel, load_transformer
+from release.quantize.load import fakequant_transformer
+
+
+def _defined(source: Path, folder: Path) -> torch.nn.Module:
+    """The replay's model as the seed defined it, made on the CPU: the source loaded by diffusers, its tensors
+    replaced by the build's (FP8 weights as codes x scale), before ModelOpt's quantizers are inserted."""
+    model = load_transformer(source / "transformer").eval()
+    built: dict[str, torch.Tensor] = {}
+    for shard in sorted((folder / "transformer").glob("*.safetensors")):
+        built.update(load_file(shard))
+    state = model.state_dict()
+    for key in state:
+        value = built[key]
+        if value.dtype == torch.float8_e4m3fn:
+            value = fp8.dequantize(value, built[f"{key.removesuffix('.weight')}.weight_quantizer._scale"])
+        state[key] = value.to(state[key].dtype)
+    model.load_state_dict(state)
+    return model
+
+
+def _tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+
+
+def _differing(made: dict[str, torch.Tensor], defined: dict[str, torch.Tensor]) -> list[str]:
+    assert made.keys() == defined.keys()
+    return [k for k in made if made[k].dtype != defined[k].dtype or made[k].shape != defined[k].shape
+            or not torch.equal(_bits(made[k]), _bits(defined[k]))]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["read", "resident"])
+def test_the_replay_is_its_definition_bit_for_bit(held: bool, tiny: Path, rtn_build: Path) -> None:
+    """The model ``release eval`` rolls out (``held``: from the source ``release campaign`` holds in memory) equals
+    the definition with ModelOpt's fake quantization applied the same way, tensor for tensor, after the fold."""
+    import modelopt.torch.quantization as mtq
+
+    from release.quantize.recipes import quant_config, quantized_linears
+
+    build = load_build("rtn")
+    resident = SourceModel(tiny / "source") if held else None
+    made = fakequant_transformer(tiny / "source", rtn_build, build, resident)
+    assert next(made.parameters()).device.type == compute_device()
+    defined = _defined(tiny / "source", rtn_build)
+    built = {k: v for shard in sorted((rtn_build / "transformer").glob("*.safetensors"))
+             for k, v in load_file(shard).items()}
+    mtq.quantize(defined, quant_config(build), forward_loop=None)
+    for name in quantized_linears(defined):
+        module = defined.get_submodule(name)
+        module.weight_quantizer.amax = built[f"{name}.weight_quantizer._amax"]
+        module.input_quantizer.amax = built[f"{name}.input_quantizer._amax"]
+    mtq.fold_weight(defined, keep_attrs=True)
+    assert _differing(_tensors(made), _tensors(defined)) == []
+    assert sum(getattr(m, "input_quantizer", None) is not None and m.input_quantizer.is_enabled
+               for m in made.modules()) > 0  # the inputs are still fake-quantized
+
+
+def test_before_quantization_the_source_s_buffers_and_dtypes_are_kept(tiny: Path, rtn_build: Path) -> None:
+    """What the source gives the replay besides its architecture: the non-persistent buffers (the rotary
+    frequencies) and each tensor's dtype (the time embedder in fp32), as diffusers' load has them."""
+    resident = SourceModel(tiny / "source")
+    defined = _tensors(_defined(tiny / "source", rtn_build))
+    weights = {k: defined[k].detach() for k in resident.state}
+    made = _tensors(resident.instantiate("cpu", weights, bounded=False, share=True))
+    assert _differing(made, defined) == []
+    assert any(v.dtype == torch.float32 for v in made.values()) and any("inv_freq" in k for k in made)
