@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,16 +13,16 @@ from pathlib import Path
 import pytest
 
 from release.core.builds import load_build
-from tests.conftest import ROOT, invoke
+from tests.conftest import ROOT, fewer_calls, invoke
 
 BUILDS = ("rtn", "sq_auto")  # one per rank
 
 
-def _release(args: list[str], cache: Path, ranks: int) -> subprocess.CompletedProcess[str]:
+def _release(args: list[str], cache: Path, builds: Path, ranks: int) -> subprocess.CompletedProcess[str]:
     """``release ARGS`` in a fresh process, or under ``torchrun --nproc-per-node RANKS``. One thread each: CPU torch
     sums in an order that depends on the thread count, and the comparison is of bytes."""
     env = {**os.environ, "RELEASE_CACHE": str(cache), "RELEASE_DEVICE": "cpu", "OMP_NUM_THREADS": "1",
-           "SOURCE_DATE_EPOCH": "1700000000"}
+           "SOURCE_DATE_EPOCH": "1700000000", "RELEASE_BUILDS": str(builds)}
     launcher = [] if ranks == 1 else ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
     return subprocess.run([sys.executable, *launcher, "-m", "release", *args], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=1800)
@@ -32,16 +33,22 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, Path]]:
-    """The same builds and deployed eval, in one process and in two: {ranks: (dist, cache)}."""
+def runs(small: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, tuple[Path, Path]]:
+    """The same builds and deployed eval, in one process and in two: {ranks: (dist, cache)}. On the 10 + 10
+    observations of ``small``, with fewer calibration and algorithm calls than shipped (the comparison is of two
+    ways of making the same builds)."""
+    builds = tmp_path_factory.mktemp("ranks-builds") / "builds"
+    shutil.copytree(ROOT / "builds", builds)
+    fewer_calls(builds, *BUILDS)
     out = {}
     for ranks in (1, 2):
         base = tmp_path_factory.mktemp(f"ranks{ranks}")
         dist, cache = base / "dist", base / "cache"
-        src = ["--source", str(tiny / "source"), "--observations", str(tiny / "observations"), "--dist", str(dist)]
-        done = _release(["build", *BUILDS, *src[:4], "--out", str(dist)], cache, ranks)
+        src = ["--source", str(small / "source"), "--observations", str(small / "observations"), "--dist", str(dist)]
+        done = _release(["build", *BUILDS, *src[:4], "--out", str(dist)], cache, builds, ranks)
         assert done.returncode == 0, done.stdout + done.stderr
-        done = _release(["eval", "rtn", "sq_auto", "--path", "deployed", "--split", "validation", *src], cache, ranks)
+        done = _release(["eval", "rtn", "sq_auto", "--path", "deployed", "--split", "validation", *src], cache,
+                        builds, ranks)
         assert done.returncode == 0, done.stdout + done.stderr
         out[ranks] = (dist, cache)
     return out

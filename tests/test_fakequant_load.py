@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -85,3 +86,40 @@ def test_before_quantization_the_source_s_buffers_and_dtypes_are_kept(tiny: Path
     made = _tensors(resident.instantiate("cpu", weights, bounded=False, share=True))
     assert _differing(made, defined) == []
     assert any(v.dtype == torch.float32 for v in made.values()) and any("inv_freq" in k for k in made)
+
+
+@pytest.mark.parametrize("name", ["rtn", "sq_auto", "pc_rtn"])
+def test_the_lean_calls_give_modelopt_s_bits(name: str, tiny: Path, rtn_build: Path, tmp_path: Path) -> None:
+    """Each folded Linear's call as its arithmetic (release.quantize.load._lean) against ModelOpt's own forward on
+    the same model: the same actions bit for bit, on a static per-tensor build, a smoothed one (its smoothing folded
+    into the stored norms and weights) and the per-channel family's (per-token input amax); every quantized Linear
+    is lean."""
+    from release.core.builds import load_release
+    from release.inputs.observations import load_observations
+    from release.inputs.policy import load_pipeline, rollout
+    from release.measure.evaluate import NATIVE_STEPS, select
+    from tests.conftest import invoke
+
+    build = load_build(name)
+    folder = rtn_build
+    if name != "rtn":
+        result = invoke("build", name, "--source", tiny / "source", "--observations", tiny / "observations",
+                        "--out", tmp_path)
+        assert result.exit_code == 0, result.output
+        folder = tmp_path / build.repo
+    model = fakequant_transformer(tiny / "source", folder, build)
+    linears = [m for m in model.modules() if getattr(getattr(m, "input_quantizer", None), "is_enabled", False)]
+    assert linears and all("forward" in vars(m) for m in linears)
+    settings = load_release().policy
+    pipe = load_pipeline(tiny / "source", settings, transformer=model)
+    observations = select(load_observations(tiny / "observations"), load_release(), "validation")[:3]
+
+    def actions() -> list[np.ndarray]:
+        with torch.inference_mode():
+            return [rollout(pipe, o, settings, **NATIVE_STEPS) for o in observations]
+
+    lean = actions()
+    for m in linears:
+        del m.forward  # ModelOpt's QuantLinear forward again
+    eager = actions()
+    assert [a.tobytes() for a in lean] == [a.tobytes() for a in eager]

@@ -3,6 +3,7 @@ accelerate's hooks) builds and evaluates exactly what an uncapped one does."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from release.core import memory
 from release.core.builds import load_build
 from release.core.errors import ReleaseError
 from release.inputs.source import SourceModel
-from tests.conftest import invoke
+from tests.conftest import ROOT, fewer_calls, invoke
 
 BUILDS = ("rtn", "sq_auto_gptq")  # observers; smoothing + ModelOpt's GPTQ
 # Above the tiny FP8 build (1.02 MB, placed whole as a server runs it) and below the BF16 transformer's 1.17 MB less
@@ -26,17 +27,23 @@ def _files(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny: Path, tmp_path_factory: pytest.TempPathFactory,
+def runs(small: Path, tmp_path_factory: pytest.TempPathFactory,
          monkeypatch_module: pytest.MonkeyPatch) -> dict[str, Path]:
-    """The same builds and evals without a cap and with one, each with its own cache: {cap: dist}."""
+    """The same builds and evals without a cap and with one, each with its own cache: {cap: dist}. On the 10 + 10
+    observations of ``small``, with fewer calibration and algorithm calls than shipped (the comparison is of two
+    ways of making the same builds)."""
     out = {}
+    builds = tmp_path_factory.mktemp("cap-builds") / "builds"
+    shutil.copytree(ROOT / "builds", builds)
+    fewer_calls(builds, *BUILDS, "autoround_tuned")
+    monkeypatch_module.setenv("RELEASE_BUILDS", str(builds))
     monkeypatch_module.setenv("SOURCE_DATE_EPOCH", "1700000000")
     for cap in ("none", CAP):
         base = tmp_path_factory.mktemp(f"cap-{cap}")
         monkeypatch_module.setenv("RELEASE_CACHE", str(base / "cache"))
         dist = base / "dist"
         limit = [] if cap == "none" else ["--max-gpu-memory", cap]
-        src = ["--source", tiny / "source", "--observations", tiny / "observations"]
+        src = ["--source", small / "source", "--observations", small / "observations"]
         result = invoke("build", *BUILDS, *src, "--out", dist, *limit)
         assert result.exit_code == 0, result.output
         for path in ("deployed", "fakequant"):
@@ -91,20 +98,20 @@ def test_placed_model_streams_offloaded_layers_and_restores_them_whole(tiny: Pat
     assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
 
 
-def test_a_deployed_build_larger_than_the_cap_is_refused_not_streamed(runs: dict[str, Path], tiny: Path,
+def test_a_deployed_build_larger_than_the_cap_is_refused_not_streamed(runs: dict[str, Path], small: Path,
                                                                      tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RELEASE_CACHE", str(tmp_path / "cache"))  # nothing cached: the build is loaded
-    result = invoke("eval", "rtn", "--path", "deployed", "--split", "validation", "--source", tiny / "source",
-                    "--observations", tiny / "observations", "--dist", runs[CAP], "--max-gpu-memory", "64KiB")
+    result = invoke("eval", "rtn", "--path", "deployed", "--split", "validation", "--source", small / "source",
+                    "--observations", small / "observations", "--dist", runs[CAP], "--max-gpu-memory", "64KiB")
     memory.set_cap(None)
     assert result.exit_code == 2, result.output
     assert "runs it whole" in result.output and "--max-gpu-memory" in result.output
 
 
-def test_auto_round_tuning_under_a_cap_is_refused(runs: dict[str, Path], tiny: Path, tmp_path: Path) -> None:
+def test_auto_round_tuning_under_a_cap_is_refused(runs: dict[str, Path], small: Path, tmp_path: Path) -> None:
     """auto-round's tuner refuses offloaded layers: the build says so before any output (the capture is cached)."""
-    result = invoke("build", "autoround_tuned", "--source", tiny / "source", "--observations", tiny / "observations",
+    result = invoke("build", "autoround_tuned", "--source", small / "source", "--observations", small / "observations",
                     "--out", tmp_path / "dist", "--max-gpu-memory", CAP)
     memory.set_cap(None)
     assert result.exit_code == 2, result.output

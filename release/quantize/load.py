@@ -153,7 +153,8 @@ def fakequant_transformer(source: Path, folder: Path, build: BuildConfig,
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         mtq.quantize(model, quant_config(build), forward_loop=None)
-    for name in quantized_linears(model):
+    names = quantized_linears(model)  # before the fold disables the weight quantizers
+    for name in names:
         module: Any = model.get_submodule(name)
         module.weight_quantizer.amax = built[f"{name}.weight_quantizer._amax"]
         if f"{name}.input_quantizer._amax" in built:
@@ -162,7 +163,46 @@ def fakequant_transformer(source: Path, folder: Path, build: BuildConfig,
     # its quantizer) instead of on every call. The same operation on the same tensors: the actions are bit-identical
     # (bench/tiny_rollout.py --compare), at a fraction of a tiny rollout's cost.
     mtq.fold_weight(model, keep_attrs=True)
+    for name in names:
+        _lean(model.get_submodule(name))
     # What is left per call is each input's quantize-dequantize at a fixed scale (ModelOpt's fused kernel) or its
     # per-token amax on the device: no wait for the device and no copy from the host, so its decoder stack is
     # replayed from CUDA graphs in release eval, the same bits as eager (tests/test_graphs.py).
     return capturable(model)
+
+
+def _lean(module: Any) -> None:
+    """A folded ModelOpt Linear's call as its arithmetic alone, when nothing else of ModelOpt's per-call logic applies
+    (an enabled FP8 input quantizer, static per tensor or dynamic per token; the weight folded; no output quantizer,
+    pre-quant scale, bias, rotation, block scales or calibration: the smoothing recipes fold theirs into the norms
+    and weights the build stores): its input quantize-dequantized by ModelOpt's own ``quantize_op`` at ModelOpt's
+    own amax, then the Linear. The same operations on the same tensors as ModelOpt's forward, without the Python of
+    its quantizer on every call (most of a tiny CPU rollout's fake-quant cost); the bits are ModelOpt's
+    (tests/test_fakequant_load.py). An instance attribute over the class's forward: deleting it gives ModelOpt's
+    back. The tensors are read at each call, so hooks that move them (a memory cap) still apply."""
+    q, original = module.input_quantizer, getattr(module, "original_cls", None)
+    plain = (original is not None and original.forward is torch.nn.Linear.forward
+             and not module.weight_quantizer.is_enabled and not module.output_quantizer.is_enabled
+             and not hasattr(module, "_forward_pre_dm"))
+    fp8_inputs = (q.is_enabled and q.fake_quant and q._if_quant and q.num_bits == (4, 3) and q.backend is None
+                  and _per_channel_blocks(q.block_sizes) and q.bias_calibrator is None and q.pre_quant_scale is None
+                  and not q.rotate_is_enabled and not q._if_calib and not q._use_constant_amax)
+    if not (plain and fp8_inputs):
+        return
+    from modelopt.torch.quantization import tensor_quant
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.numel():
+            if q.block_sizes is not None:  # ModelOpt's first call: the per-token block sizes become an axis
+                q._block_sizes_to_axis(x)
+            x = x.contiguous()
+            x = tensor_quant.quantize_op(x, q._get_amax(x), num_bits=8, exponent_bits=4, unsigned=False,
+                                         narrow_range=False)
+        return torch.nn.functional.linear(x, module._parameters["weight"], module._parameters["bias"])
+
+    module.forward = forward
+
+
+def _per_channel_blocks(block_sizes: dict[Any, Any] | None) -> bool:
+    """No block sizes, or ModelOpt's spelling of a per-channel axis (every dimension's block size None)."""
+    return block_sizes is None or all(v is None for k, v in block_sizes.items() if isinstance(k, int))
