@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO := demo
 
-.PHONY: demo test lint venv clean i18n
+.PHONY: demo test test-fast lint venv clean i18n
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ lint: venv
 
 test: lint
 	$(BIN)/pytest
+
+# The edit loop: the same checks without the end-to-end items (marked slow in tests/conftest.py). Not a substitute
+# for `make test`, which CI runs.
+test-fast: lint
+	$(BIN)/pytest -m "not slow"
 
 clean:
 	rm -rf $(VENV) $(DEMO) dist .cache

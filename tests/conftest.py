@@ -23,6 +23,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite golden files instead of comparing")
 
 
+# The end-to-end items (marked ``slow``; ``make test-fast`` leaves them out, ``make test`` runs them): those that use
+# a fixture that builds or rolls out many builds, and those that make their own builds a different way to compare.
+END_TO_END_FIXTURES = {"campaign", "uninterrupted", "evaluated", "runs"}
+END_TO_END = {
+    "test_the_install_blocks_release_commands_run_as_written",
+    "test_an_edited_policy_redoes_what_depends_on_it_and_keeps_the_delivered_weights",
+    "test_a_killed_campaign_resumes_to_the_same_bytes",
+    "test_sq_build_is_byte_identical_when_repeated",
+    "test_same_inputs_give_byte_identical_builds",
+    "test_a_22_sibling_manifest_makes_a_comment_under_githubs_limit",
+    "test_a_wheel_in_a_fresh_environment_outside_the_checkout",
+    "test_layer_by_layer_inputs_are_modelopts_on_a_deeper_model",
+    "test_a_build_holds_one_copy_of_the_model_at_a_time",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        name = getattr(item, "originalname", item.name)
+        if name in END_TO_END or END_TO_END_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Run from the repo root with the Hub offline, a private HF cache and a private calibration cache."""
