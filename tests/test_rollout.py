@@ -21,6 +21,19 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint32)
 
 
+def _counted_encodes(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
+    """From now on, every clip diffusers' own VAE encode is given (it must not run for a memoised frame)."""
+    calls: list[torch.Tensor] = []
+    encode = Cosmos3OmniPipeline._encode_video
+
+    def counted(self: Cosmos3OmniPipeline, x: torch.Tensor) -> torch.Tensor:
+        calls.append(x)
+        return encode(self, x)
+
+    monkeypatch.setattr(Cosmos3OmniPipeline, "_encode_video", counted)
+    return calls
+
+
 def test_a_memoised_conditioning_gives_the_bits_of_a_computed_one(tiny: Path, monkeypatch: pytest.MonkeyPatch
                                                                    ) -> None:
     monkeypatch.setattr(policy, "_CONDITIONED", {})
@@ -30,14 +43,7 @@ def test_a_memoised_conditioning_gives_the_bits_of_a_computed_one(tiny: Path, mo
     computed = policy.rollout(pipe, obs, settings)
     assert len(policy._CONDITIONED) == 1
     (entry,) = policy._CONDITIONED.values()
-    calls: list[torch.Tensor] = []
-    encode = Cosmos3OmniPipeline._encode_video  # diffusers' own: must not run again for this frame
-
-    def counted(self: Cosmos3OmniPipeline, x: torch.Tensor) -> torch.Tensor:
-        calls.append(x)
-        return encode(self, x)
-
-    monkeypatch.setattr(Cosmos3OmniPipeline, "_encode_video", counted)
+    calls = _counted_encodes(monkeypatch)
     memoised = policy.rollout(pipe, obs, settings)
     assert not calls
     assert np.array_equal(_bits(memoised), _bits(computed))
@@ -58,14 +64,7 @@ def test_a_copy_of_the_source_elsewhere_uses_the_same_conditioning(tiny: Path, m
     obs = load_observations(tiny / "observations")[0]
     computed = policy.rollout(policy.load_pipeline(tiny / "source", settings), obs, settings)
     copy = shutil.copytree(tiny / "source", tmp_path / "elsewhere" / "source")
-    calls: list[torch.Tensor] = []
-    encode = Cosmos3OmniPipeline._encode_video
-
-    def counted(self: Cosmos3OmniPipeline, x: torch.Tensor) -> torch.Tensor:
-        calls.append(x)
-        return encode(self, x)
-
-    monkeypatch.setattr(Cosmos3OmniPipeline, "_encode_video", counted)
+    calls = _counted_encodes(monkeypatch)
     pipe = policy.load_pipeline(copy, settings)
     assert pipe.vae.config["_name_or_path"] != str(tiny / "source" / "vae")  # loaded from the copy
     again = policy.rollout(pipe, obs, settings)
@@ -92,14 +91,7 @@ def test_the_conditioning_kept_on_disk_serves_a_later_process_with_the_same_bits
     obs = load_observations(tiny / "observations")[0]
     computed = policy.rollout(pipe, obs, settings)
     [kept] = (tmp_path / "cache" / "conditioning").iterdir()
-    calls: list[torch.Tensor] = []
-    encode = Cosmos3OmniPipeline._encode_video
-
-    def counted(self: Cosmos3OmniPipeline, x: torch.Tensor) -> torch.Tensor:
-        calls.append(x)
-        return encode(self, x)
-
-    monkeypatch.setattr(Cosmos3OmniPipeline, "_encode_video", counted)
+    calls = _counted_encodes(monkeypatch)
     monkeypatch.setattr(policy, "_CONDITIONED", {})  # as a new process
     again = policy.rollout(policy.load_pipeline(tiny / "source", settings), obs, settings)
     assert not calls and np.array_equal(_bits(again), _bits(computed))
