@@ -244,8 +244,8 @@ def test_accumulation_equals_the_h200_on_subnormal_codes(case: str) -> None:
 
 
 def test_the_progress_names_the_path_and_build_not_the_cache_key() -> None:
-    from release.measure.evaluate import shown
+    from release.measure.evaluate import COMPILED, shown
 
-    assert shown("bf16") == "bf16" and shown("bf16-compile") == "bf16-compile"
+    assert shown("bf16") == "bf16" and shown(COMPILED) == "bf16-compile repeated-blocks"
     assert shown("fakequant:rtn:f1cc876f:c02a67cc:0.1.0:fp8-gemm-emulation/5") == "fakequant rtn"
     assert shown("deployed:external:nvidia-fp8:0123abcd:0.1.0:fp8-gemm-emulation/5") == "deployed external nvidia-fp8"

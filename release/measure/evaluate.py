@@ -46,6 +46,8 @@ from release.quantize.served import ran_steps, served_kernel, served_transformer
 Path_ = Literal["fakequant", "deployed", "served"]
 Split = Literal["calibration", "validation", "all"]
 HOW = ".how.json"  # beside a cached rollout: the machine, versions, FP8 GEMM kernel, GEMM shapes, CUDA graphs or not
+# the compile yardstick's rollouts: regional compilation of the decoder layers (``run_yardsticks``)
+COMPILED = "bf16-compile:repeated-blocks"
 SEEDS_YARDSTICK = (6, 4)  # observations x seeds; 6 observations: the fewest with an interval (min_observations)
 # The emulation's arithmetic: Hopper's fast accumulation (zero codes, row-wise); the deployed input times fp32(1/s)
 # as ModelOpt's compiled quantizer computes it (since /6; before: the quotient), the served one divided.
@@ -419,19 +421,24 @@ def run_eval(request: EvalRequest) -> list[Path]:
 
 def run_yardsticks(request: EvalRequest, obs: list[Observation], reference: np.ndarray,
                    sigma: np.ndarray) -> list[Path]:
-    """BF16 eager vs BF16 ``torch.compile`` on the split, and one noise seed vs others on a few observations."""
+    """BF16 eager vs BF16 ``torch.compile`` on the split, and one noise seed vs others on a few observations.
+
+    The compiled model is diffusers' regional compilation (``compile_repeated_blocks``): each decoder layer compiled,
+    one graph for all of them, the rest eager. Compiling the whole model traced every layer anew: 139 s of its first
+    rollout at the Nano's size on an H100 (BENCHMARKS.md)."""
 
     policy = request.release.policy
     seeds = [policy.noise_seed] * len(obs)
 
     def compiled() -> torch.nn.Module:
-        model = load_transformer(request.source / "transformer")
-        return torch.compile(model.eval(), dynamic=True)  # type: ignore[return-value]
+        model = load_transformer(request.source / "transformer").eval()
+        model.compile_repeated_blocks(dynamic=True)
+        return model
 
-    compiled_actions = rollouts(request, "bf16-compile", compiled, obs, seeds, {})
+    compiled_actions = rollouts(request, COMPILED, compiled, obs, seeds, {})
     out = request.dist / YARDSTICKS
     save_results(out / f"compile-{request.split}.npz", reference, compiled_actions, obs, seeds, sigma,
-                 computation(request, "bf16-compile", obs, seeds))
+                 computation(request, COMPILED, obs, seeds))
     n_obs, n_seeds = SEEDS_YARDSTICK
     few = obs[:n_obs]
     pairs = [o for o in few for _ in range(n_seeds)]

@@ -118,9 +118,13 @@ def _decoder_layers(model: torch.nn.Module) -> Any:
 
 
 def sample_rows(x: torch.Tensor, rows: int = ROWS_PER_CALL) -> torch.Tensor:
-    """``rows`` evenly spaced rows of an activation, flattened to [tokens, channels] in fp32."""
-    x2 = x.reshape(-1, x.shape[-1]).float()
-    return x2[:: max(1, x2.shape[0] // rows)][:rows]
+    """``rows`` evenly spaced rows of an activation, flattened to [tokens, channels], as a new fp32 tensor of their own.
+
+    The rows are taken before the conversion and copied: a slice of the converted activation would keep all of it
+    alive (the smoothing statistics keep a sample per group and call: at the Nano's size 2.5 GB a call, which filled
+    an 80 GB GPU in the sq_auto_gptq build, BENCHMARKS.md)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2[:: max(1, x2.shape[0] // rows)][:rows].to(torch.float32, copy=True)
 
 
 @dataclass
