@@ -425,3 +425,49 @@ def test_sampled_rows_hold_only_themselves(dtype: torch.dtype) -> None:
     assert rows.untyped_storage().nbytes() == 64 * 96 * 4
     assert torch.equal(rows, x.reshape(-1, 96).float()[::6][:64])  # the rows the statistics always took
     assert rows.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+
+
+def test_gptq_hessians_collected_in_groups_give_modelopts_weights_bit_for_bit(
+        rtn_build: Path, tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPTQ's Hessians a group of Linears at a time (the last group first, each pass ending after its group) update
+    the weights exactly as ModelOpt's one pass over all of them: every tensor of the model bit for bit."""
+    from release.quantize.recipes import gptq
+
+    calibration = split(load_observations(tiny / "observations"), CALIBRATION_LABS)
+    folder = next((Path(os.environ["RELEASE_CACHE"]) / "calibration").iterdir())
+    data = CalibrationData.load(folder, calibration[:3])
+    assert data is not None
+    calls = [dict(c) for per in data.per_observation for c in per][:6]
+    algorithm_calls = [dict(per[i]) for i, per in enumerate(data.per_observation)]
+    build = load_build("gptq")
+    parts: list[list[str]] = []
+
+    def recorded(*args: object) -> list[list[str]]:
+        parts.extend(made := split_into(*args))  # type: ignore[arg-type]
+        return made
+
+    split_into = gptq.groups
+    monkeypatch.setattr(gptq, "groups", recorded)
+    states = []
+    for budget in (1, 2**62):  # every cut the call order allows; one group: ModelOpt's gptq itself
+        monkeypatch.setattr(gptq, "HOST_GROUP", budget)
+        model = SourceModel(tiny / "source").instantiate("cpu")
+        quantize(model, build, calls, algorithm_calls)
+        states.append({k: v.clone() for k, v in model.state_dict().items()})
+    assert len(parts) >= 8 and sum(map(len, parts)) == 28  # the tiny model's 28 Linears, in groups
+    grouped, theirs = states
+    assert grouped.keys() == theirs.keys()
+    changed = 0
+    for key, value in theirs.items():
+        assert torch.equal(grouped[key].reshape(-1).view(torch.uint8), value.reshape(-1).view(torch.uint8)), key
+        changed += key.endswith(".weight") and "layers." in key
+    assert changed >= 28
+
+
+def test_gptq_groups_cut_only_where_every_linear_before_has_run() -> None:
+    from release.quantize.recipes.gptq import groups
+
+    order = ["a", "b", "c", "a", "d", "e", "f", "e"]  # a runs again after c; e after f
+    sizes = dict.fromkeys("abcdefg", 1)
+    assert groups(order, list("abcdefg"), sizes, 1) == [["a", "b", "c"], ["d"], ["e", "f", "g"]]
+    assert groups(order, list("abcdefg"), sizes, 4) == [["a", "b", "c", "d"], ["e", "f", "g"]]

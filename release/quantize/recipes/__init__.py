@@ -33,6 +33,7 @@ from release.quantize.recipes.base import (
     quantized_linears_of,
     register_decoder_layers,
     sample_rows,
+    stoppable,
 )
 from release.quantize.recipes.gptq import Gptq
 from release.quantize.recipes.observers import Observer, ObserverPasses, observed_layers, tail_quantiles
@@ -130,7 +131,8 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
             observer.observe(m, calls)
             return
         for call in calls if build.layerwise else algorithm_calls:
-            m(**call)
+            with stoppable():  # a GPTQ pass of a group of Linears ends after the group (``gptq.grouped``)
+                m(**call)
 
     quiet = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
     with warnings.catch_warnings(), quiet[0], quiet[1], contextlib.ExitStack() as steps_context:

@@ -99,6 +99,20 @@ def input_hooks(model: torch.nn.Module, names: list[str],
             h.remove()
 
 
+class StopForward(Exception):
+    """Raised by a hook to end a transformer call early, where the rest of the call computes nothing the pass needs
+    (GPTQ's Hessians of the Linears before it, :mod:`release.quantize.recipes.gptq`); :func:`stoppable` ends the
+    call quietly."""
+
+
+@contextmanager
+def stoppable() -> Iterator[None]:
+    try:
+        yield
+    except StopForward:
+        pass
+
+
 def register_decoder_layers() -> None:
     """Tell ModelOpt's layer-by-layer calibration where the Cosmos3 decoder layers are (it finds those of Hugging
     Face language models only, and fails with "Could not find transformer layers" on a diffusers model)."""

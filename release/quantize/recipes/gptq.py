@@ -16,6 +16,12 @@ quantizer that quantizes only the column it is asked for (:class:`Columns`, 9-26
 (compute capability 8.9 or later) with Triton, one fused launch per block of columns
 (:mod:`release.quantize.recipes.gptq_triton`: the Nano's 504 Linears in 5.8 s instead of 1,096 s on an H200, the same
 bits). Any other quantizer keeps ModelOpt's loop as it is.
+
+ModelOpt allocates every Linear's Hessian (in_features^2 fp32) before one pass collects them all: 67.5 GiB for the
+Nano's 504 Linears. Beside a 30 GB model on an 80 GB GPU most of them went to the CPU, whose updates per call made a
+GPTQ build run for over 1,000 s (H100, BENCHMARKS.md). :func:`grouped` collects them a group of Linears at a time,
+each group sized to the GPU's free memory, in the order the model calls them, from the last group to the first, each
+pass ending after its group: the same Hessians, since no Linear's input depends on the Linears after it.
 """
 
 from __future__ import annotations
@@ -89,6 +95,7 @@ def fused(quantizer: Any, weight: torch.Tensor) -> bool:
 
 
 HESSIAN_HEADROOM = 8 * 2**30  # GPU memory left free beside the Hessians: the Hessian pass's activations, an update
+HOST_GROUP = 8 * 2**30  # the Hessians of one group held in CPU memory (a CPU build, or a GPU under a memory cap)
 
 
 def hessian_on_cpu(free: int, capped: bool) -> bool:
@@ -102,16 +109,130 @@ def hessian_on_cpu(free: int, capped: bool) -> bool:
     return capped or free < HESSIAN_HEADROOM
 
 
+def hessian_bytes(module: Any) -> int:
+    return int(module.weight.shape[-1]) ** 2 * 4
+
+
+def group_budget(device: Any) -> int:
+    """The bytes of Hessians one group holds: on a GPU without a memory cap, what its free memory holds beside
+    ``HESSIAN_HEADROOM`` (every Hessian of the group stays on the GPU, :func:`hessian_on_cpu`); else ``HOST_GROUP``."""
+    from release.core.memory import cap
+
+    if torch.device(device).type == "cuda" and cap() is None:
+        torch.cuda.empty_cache()
+        return max(HOST_GROUP, torch.cuda.mem_get_info(device)[0] - HESSIAN_HEADROOM)
+    return HOST_GROUP
+
+
+def call_order(model: torch.nn.Module, names: list[str], forward_loop: Callable[[torch.nn.Module], None]) -> list[str]:
+    """The named Linears in the order the model's first call runs them, repeats included (one call: the others end
+    at their start)."""
+    from release.quantize.recipes.base import StopForward, input_hooks
+
+    seen: list[str] = []
+    calls = [0]
+
+    def count(_module: torch.nn.Module, _args: Any, _kwargs: Any) -> None:
+        calls[0] += 1
+        if calls[0] > 1:
+            raise StopForward
+
+    handle = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        with input_hooks(model, names, lambda name, _x: seen.append(name)):
+            forward_loop(model)
+    finally:
+        handle.remove()
+    return seen
+
+
+def groups(order: list[str], names: list[str], sizes: dict[str, int], budget: int) -> list[list[str]]:
+    """``names`` in groups of consecutive Linears of the call ``order``, each at most ``budget`` bytes of Hessians
+    where a cut is possible: a cut falls only where every Linear before it has run its last time in the call, so a
+    pass that ends at the next group's first Linear has seen all of its group's inputs. Linears the call never runs
+    join the last group (their Hessians stay empty either way)."""
+    first = {n: len(order) - 1 - i for i, n in enumerate(reversed(order))}
+    last = {n: i for i, n in enumerate(order)}
+    unique = sorted(first, key=first.__getitem__)
+    out: list[list[str]] = [[]]
+    held = reach = 0  # bytes in the open group; the last position its Linears run at
+    for name in unique:
+        if out[-1] and held + sizes[name] > budget and reach < first[name]:
+            out.append([])
+            held = 0
+        out[-1].append(name)
+        held += sizes[name]
+        reach = max(reach, last[name])
+    out[-1] += [n for n in names if n not in first]
+    return out
+
+
+def grouped(model: torch.nn.Module, forward_loop: Callable[[torch.nn.Module], None], perc_damp: float = 0.01,
+            block_size: int = 128, fused: bool = False) -> None:
+    """ModelOpt's ``gptq`` (0.47, ``model_calib.gptq``: max calibration, every Linear's Hessian from one pass with the
+    weight quantizers off, then each Linear's update) with the Hessians collected by :func:`groups`, from the last
+    group to the first, each pass ending at the start of the group after it (:class:`StopForward`). The groups'
+    inputs are those of ModelOpt's single pass: the Linears before a group are unchanged when its pass runs, and those
+    after it do not reach its inputs. A model whose Hessians fit one group, or a decoder layer of ModelOpt's
+    layer-by-layer calibration, runs ModelOpt's ``gptq`` itself."""
+    from modelopt.torch.quantization import model_calib as mc
+
+    from release.quantize.recipes.base import StopForward, is_cosmos3
+
+    if not is_cosmos3(model):
+        return mc.gptq(model, forward_loop, perc_damp=perc_damp, block_size=block_size, fused=fused)
+    layers = {n: m for n, m in model.named_modules() if mc.is_quantized_linear(m) and m.weight_quantizer.is_enabled}
+    sizes = {n: hessian_bytes(m) for n, m in layers.items()}
+    budget = group_budget(next(iter(layers.values())).weight.device) if layers else 0
+    if sum(sizes.values()) <= budget:
+        return mc.gptq(model, forward_loop, perc_damp=perc_damp, block_size=block_size, fused=fused)
+    mc.max_calibrate(model, forward_loop=forward_loop)
+    off = [{"quantizer_name": "*weight_quantizer", "enable": False}]
+    with mc.set_quantizer_by_cfg_context(model, off):
+        order = call_order(model, list(layers), forward_loop)
+    parts = groups(order, list(layers), sizes, budget)
+    name_to_module = dict(model.named_modules())
+    for index in reversed(range(len(parts))):
+        handles = {}
+        for name in parts[index]:
+            module = layers[name]
+            helper = mc._GPTQ_HELPER_REGISTRY.get(getattr(module.weight_quantizer, "backend", None), mc.GPTQHelper)
+            handles[name] = helper(module, name, offload_to_cpu=True, fused=fused)
+            handles[name].setup()
+
+        def stop(_module: torch.nn.Module, _args: Any) -> None:
+            raise StopForward
+
+        ends = [layers[parts[index + 1][0]].register_forward_pre_hook(stop)] if index + 1 < len(parts) else []
+        try:
+            with mc.set_quantizer_by_cfg_context(model, off):
+                forward_loop(model)
+        finally:
+            for end in ends:
+                end.remove()
+            for handle in handles.values():
+                handle.cleanup()
+        for handle in handles.values():
+            with mc.enable_weight_access_and_writeback(handle.module, model, name_to_module):
+                handle.update_weights(block_size, perc_damp)
+            handle.free()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return None
+
+
 @contextmanager
 def faster_update() -> Iterator[None]:
-    """ModelOpt's GPTQ with its column loop run by the fused kernel or with :class:`Columns`, its Hessians placed by
-    :func:`hessian_on_cpu`, and without its per-Linear log of the Hessian-weighted error (two products of the weight
-    and the Hessian, only printed, and the build silences ModelOpt's output: 7.2 s of the Nano's GPTQ build on an
-    H200), for the duration."""
+    """ModelOpt's GPTQ with its Hessians collected in groups (:func:`grouped`) and placed by :func:`hessian_on_cpu`,
+    its column loop run by the fused kernel or with :class:`Columns`, and without its per-Linear log of the
+    Hessian-weighted error (two products of the weight and the Hessian, only printed, and the build silences
+    ModelOpt's output: 7.2 s of the Nano's GPTQ build on an H200), for the duration."""
+    from modelopt.torch.quantization.mode import GPTQModeDescriptor
     from modelopt.torch.quantization.utils import calib_utils
 
     from release.core.memory import cap
 
+    collect = GPTQModeDescriptor.__dict__["_calib_func"]
     update, log = calib_utils.gptq_blockwise_update, calib_utils.GPTQHelper._print_mse_error
     used = calib_utils.get_used_gpu_mem_fraction
 
@@ -133,9 +254,11 @@ def faster_update() -> Iterator[None]:
     calib_utils.gptq_blockwise_update = blockwise
     calib_utils.GPTQHelper._print_mse_error = lambda self, hessian: None
     calib_utils.get_used_gpu_mem_fraction = placement
+    GPTQModeDescriptor._calib_func = grouped
     try:
         yield
     finally:
+        GPTQModeDescriptor._calib_func = collect
         calib_utils.gptq_blockwise_update = update
         calib_utils.GPTQHelper._print_mse_error = log
         calib_utils.get_used_gpu_mem_fraction = used
