@@ -169,3 +169,28 @@ def test_the_fakequant_replay_with_folded_weights_gives_the_bits_of_quantizing_t
     assert len(calls) == 1
     for a, b in zip(folded, unfolded, strict=True):
         assert np.array_equal(_bits(a), _bits(b))
+
+
+def test_the_cpu_encode_is_diffusers_vae_on_other_kernels(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cpu_encode``: the VAE's float32 CPU encode on oneDNN's 3-D convolution and a summed RMS norm, within float
+    rounding of diffusers' own (torch's im2col convolution and ``linalg.vector_norm``), and part of the memo's key."""
+    from diffusers import AutoencoderKLWan
+    from torch.profiler import ProfilerActivity, profile
+
+    plain = AutoencoderKLWan.from_pretrained(tiny / "source" / "vae").eval()
+    fast = AutoencoderKLWan.from_pretrained(tiny / "source" / "vae").eval()
+    policy.cpu_encode(fast)
+    x = torch.rand(1, 3, 9, 64, 96, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    with torch.no_grad():
+        want = plain._encode(x)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            got = fast._encode(x)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::mkldnn_convolution" in ops and not ops & {"aten::slow_conv3d_forward", "aten::linalg_vector_norm"}
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    y = torch.rand(1, 12, 5, 16, 16, generator=torch.Generator().manual_seed(1))
+    with torch.enable_grad():  # a call that records gradients keeps torch's own kernels
+        assert torch.equal(fast.encoder.conv_in(y), plain.encoder.conv_in(y))
+    key = policy.load_pipeline(tiny / "source", PolicySettings())._vae_key()
+    monkeypatch.setattr(policy, "CPU_ENCODE", "other kernels")
+    assert policy.load_pipeline(tiny / "source", PolicySettings())._vae_key() != key  # other kernels, other encodes

@@ -12,6 +12,7 @@ A *transformer call* (every keyword argument of one ``transformer.forward``) is 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterator
@@ -72,7 +73,7 @@ def _remember(key: tuple[Any, ...], entry: _Conditioned) -> None:
 
 def _stored(key: tuple[Any, ...]) -> Path:
     """Where the conditioning of ``key`` is kept between processes: ``RELEASE_CACHE/conditioning/`` (a later
-    ``release eval`` or a campaign's resumption skips the VAE encodes of frames it has seen, 1.5 s each on two
+    ``release eval`` or a campaign's resumption skips the VAE encodes of frames it has seen, 0.5 s each on two
     cores)."""
     return cache_dir() / "conditioning" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]}.safetensors"
 
@@ -141,6 +142,50 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+# How the VAE's encode runs on a float32 CPU input (part of the conditioning memo's key): two of its operations, at the
+# tiny fixture's widths, take torch kernels that cost 0.86 s of a 1.0 s encode of one frame's clip on two cores.
+# - Its 3-D convolutions: for a single sample torch takes its im2col kernel (``slow_conv3d``) where fewer than 20,480
+#   elements span the batch, channel, time and height dimensions (``ConvParams::use_mkldnn``), as in the Wan VAE's
+#   causal chunks; oneDNN's kernel computes the same convolution (0.62 s there, 0.08 s here).
+# - Its RMS norms (``WanRMS_norm``: ``F.normalize`` over the channels of a 5-D tensor): the root of the channels' sum
+#   of squares, summed by ``sum`` rather than ``linalg.vector_norm``'s strided reduction (0.24 s there, 0.01 s here).
+# Both are the same operations in another summation order: the latents differ by about 4e-7. A GPU's encode is
+# diffusers' as it is.
+CPU_ENCODE = "conv3d:onednn,rms:sum"
+
+
+def cpu_encode(vae: torch.nn.Module) -> None:
+    """``vae``'s float32 CPU calls of its zero-padded 3-D convolutions and channel-first RMS norms as
+    :data:`CPU_ENCODE` says; any other call (a GPU, another dtype, a build of torch without oneDNN) as before."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
+
+    for module in vae.modules():
+        if (isinstance(module, torch.nn.Conv3d) and module.padding_mode == "zeros" and isinstance(module.padding, tuple)
+                and torch.backends.mkldnn.is_available()):
+            module._conv_forward = functools.partial(_conv3d, module, module._conv_forward)  # type: ignore[method-assign]
+        elif isinstance(module, WanRMS_norm) and module.channel_first:
+            module.forward = functools.partial(_rms_norm, module, module.forward)
+
+
+def _cpu_float(x: torch.Tensor) -> bool:
+    return x.device.type == "cpu" and x.dtype == torch.float32 and not torch.is_grad_enabled()
+
+
+def _conv3d(module: torch.nn.Conv3d, original: Callable[..., torch.Tensor], x: torch.Tensor, weight: torch.Tensor,
+            bias: torch.Tensor | None) -> torch.Tensor:
+    if _cpu_float(x) and weight.dtype == torch.float32:
+        return torch.ops.aten.mkldnn_convolution(x, weight, bias, module.padding, module.stride, module.dilation,
+                                                 module.groups)
+    return original(x, weight, bias)
+
+
+def _rms_norm(module: Any, original: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    if _cpu_float(x):  # F.normalize's x / max(||x||, 1e-12) over the channels
+        norm = x.square().sum(1, keepdim=True).sqrt().clamp_min(1e-12)
+        return x / norm * module.scale * module.gamma + module.bias
+    return original(x)
+
+
 class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
     """Cosmos3 pipeline in ``"policy"`` mode with the joint state as a clean first action token.
 
@@ -153,6 +198,7 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
         project folder, the Hub cache's snapshot) encodes a frame to the same bits."""
         if not hasattr(self, "_vae_digest"):
             config = {k: v for k, v in dict(self.vae.config).items() if k != "_name_or_path"}
+            config["_cpu_encode"] = CPU_ENCODE  # a CPU encode of other kernels is not this one
             h = hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode())
             for t in self.vae.state_dict().values():
                 h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
@@ -238,6 +284,7 @@ def load_pipeline(
         raise ReleaseError(f"{source}: cannot load the Cosmos3 pipeline: {str(exc).splitlines()[0]}") from exc
     pipe.scheduler = UniPCMultistepScheduler.from_config(pipe.scheduler.config, flow_shift=settings.shift)
     pipe.set_progress_bar_config(disable=True)
+    cpu_encode(pipe.vae)
     from release.core.memory import cap, place
 
     device = compute_device()
