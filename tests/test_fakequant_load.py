@@ -123,3 +123,25 @@ def test_the_lean_calls_give_modelopt_s_bits(name: str, tiny: Path, rtn_build: P
         del m.forward  # ModelOpt's QuantLinear forward again
     eager = actions()
     assert [a.tobytes() for a in lean] == [a.tobytes() for a in eager]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_lookup_table_is_modelopts_quantize_on_every_16_bit_value(dtype: torch.dtype) -> None:
+    """``load.Table``: a CPU input's FP8 quantize-dequantize at a per-tensor amax, looked up, equals ModelOpt's
+    ``quantize_op`` on every one of the 65,536 inputs (NaNs as NaNs), and follows a changed amax."""
+    from modelopt.torch.quantization import tensor_quant
+
+    from release.quantize.load import Table
+
+    def quantize(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+        return tensor_quant.quantize_op(x, amax, num_bits=8, exponent_bits=4, unsigned=False, narrow_range=False)
+
+    table = Table(quantize)
+    every = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype).reshape(256, 256)
+    every = every[torch.randperm(256, generator=torch.Generator().manual_seed(0))]  # any order, any shape
+    for amax in (torch.tensor(3.0), torch.tensor(0.01), torch.tensor(3.0)):
+        assert Table.applies(every, amax)
+        got, want = table(every, amax), quantize(every, amax)
+        nan = want.isnan()
+        assert torch.equal(got.isnan(), nan) and torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    assert not Table.applies(every.float(), amax) and not Table.applies(every, torch.ones(256, 1))
