@@ -93,7 +93,7 @@ def test_the_lean_calls_give_modelopt_s_bits(name: str, tiny: Path, rtn_build: P
     """Each folded Linear's call as its arithmetic (release.quantize.load._lean) against ModelOpt's own forward on
     the same model: the same actions bit for bit, on a static per-tensor build, a smoothed one (its smoothing folded
     into the stored norms and weights) and the per-channel family's (per-token input amax); every quantized Linear
-    is lean."""
+    is lean, and every module kept in BF16 plain."""
     from release.core.builds import load_release
     from release.inputs.observations import load_observations
     from release.inputs.policy import load_pipeline, rollout
@@ -110,6 +110,9 @@ def test_the_lean_calls_give_modelopt_s_bits(name: str, tiny: Path, rtn_build: P
     model = fakequant_transformer(tiny / "source", folder, build)
     linears = [m for m in model.modules() if getattr(getattr(m, "input_quantizer", None), "is_enabled", False)]
     assert linears and all("forward" in vars(m) for m in linears)
+    # the modules kept in BF16 (every quantizer off), called as the torch modules they replaced
+    plain = [m for m in model.modules() if hasattr(m, "original_cls") and m not in linears]
+    assert plain and all("forward" in vars(m) for m in plain)
     settings = load_release().policy
     pipe = load_pipeline(tiny / "source", settings, transformer=model)
     observations = select(load_observations(tiny / "observations"), load_release(), "validation")[:3]
@@ -119,8 +122,8 @@ def test_the_lean_calls_give_modelopt_s_bits(name: str, tiny: Path, rtn_build: P
             return [rollout(pipe, o, settings, **NATIVE_STEPS) for o in observations]
 
     lean = actions()
-    for m in linears:
-        del m.forward  # ModelOpt's QuantLinear forward again
+    for m in linears + plain:
+        del m.forward  # ModelOpt's QuantLinear and QuantEmbedding forward again
     eager = actions()
     assert [a.tobytes() for a in lean] == [a.tobytes() for a in eager]
 
