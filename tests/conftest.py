@@ -168,23 +168,36 @@ def recipe_builds(rtn_build: Path, tiny: Path) -> Path:
     return dist
 
 
-@pytest.fixture
-def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+def _serve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, xet: bool) -> Iterator[FakeHub]:
+    """The Hub's test double, with huggingface_hub online against it; uploads and downloads of LFS files through
+    hf_xet and a local Xet store with ``xet``, through LFS's HTTP transfers without."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
-    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "0" if xet else "1")
     monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_XET_CACHE", str(tmp_path / "xet_cache"))  # hf_xet's logs and caches
     monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
     from huggingface_hub import constants
 
     # constants are read at import time (and conftest.py makes the session offline): patch them too.
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", not xet)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_TELEMETRY", True)
-    server = FakeHub().start()
+    server = FakeHub(xet_cas=tmp_path / "xet_cas" if xet else None).start()
     server.expected_token = HUB_TOKEN
     yield server
     server.stop()
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    yield from _serve(tmp_path, monkeypatch, xet=False)
+
+
+@pytest.fixture
+def xet_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    """The double with a local Xet store: huggingface_hub routes every LFS file through hf_xet, as with the Hub."""
+    yield from _serve(tmp_path, monkeypatch, xet=True)
 
 
 @pytest.fixture(scope="session")

@@ -74,10 +74,12 @@ import json
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
@@ -151,7 +153,13 @@ class FakeHub:
     lfs_suffixes: tuple[str, ...] = (".safetensors", ".pth", ".bin", ".png")
     user = "test-user"
 
-    def __init__(self, *, gitattributes: bool = True) -> None:
+    def __init__(self, *, gitattributes: bool = True, xet_cas: Path | None = None) -> None:
+        """``xet_cas``: a folder for a local Xet store (hf_xet's ``local://`` endpoint): the Xet token endpoints hand
+        it out, a committed LFS file that no LFS PUT brought is looked up there by its sha256, and tree listings
+        and downloads carry its Xet hash, as on the Hub."""
+        self.xet_cas = xet_cas
+        self.xet_hashes: dict[str, str] = {}  # sha256 -> Xet hash of what hf_xet uploaded
+        self.xet_tokens: list[str] = []  # the token routes asked for
         self.repos: dict[str, Repo] = {}
         self.blobs: dict[str, bytes] = {}  # git sha1 -> content (regular files)
         self.lfs_objects: dict[str, bytes] = {}  # sha256 -> content
@@ -309,6 +317,21 @@ class FakeHub:
         self.repos[repo_id] = repo
         return repo
 
+    def _from_xet(self, sha: str) -> None:
+        """The bytes hf_xet stored for ``sha`` (the sha256 its shards record beside each file's Xet hash), read back
+        through hf_xet, kept as the LFS object."""
+        import hf_xet
+
+        assert self.xet_cas is not None
+        found = xet_shard_files(self.xet_cas).get(sha)
+        if found is None:
+            return
+        xet_hash, size = found
+        with hf_xet.XetSession().new_download_stream_group(endpoint=f"local://{self.xet_cas}") as group:
+            data = b"".join(group.download_stream(hf_xet.XetFileInfo(xet_hash, size)))
+        self.xet_hashes[sha] = xet_hash
+        self.lfs_objects[sha] = data if self.store_lfs is None else self.store_lfs(data)
+
     def _apply_commit(
         self,
         repo: Repo,
@@ -361,6 +384,8 @@ class FakeHub:
                 if value.get("algo", "sha256") != "sha256":
                     raise _HubError(400, f"Unsupported LFS algo for {path}")
                 sha = value["oid"]
+                if sha not in self.lfs_objects and self.xet_cas is not None:
+                    self._from_xet(sha)
                 if sha not in self.lfs_objects:
                     raise _HubError(422, f"LFS file {path} with oid {sha} was not uploaded")
                 size = len(self.lfs_objects[sha])
@@ -580,6 +605,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route_api(self, s: list[str], m: str) -> None:
         hub = self.fake
+        if m == "GET" and len(s) == 5 and s[3] in ("xet-read-token", "xet-write-token") and hub.xet_cas is not None:
+            # hf_xet reads the JSON body (its token refresher), huggingface_hub's download the headers
+            hub.xet_tokens.append("/".join(s))
+            cas, token, exp = f"local://{hub.xet_cas}", "xet-test-token", int(time.time()) + 3600
+            return self._json(200, {"casUrl": cas, "accessToken": token, "exp": exp},
+                              {"X-Xet-Cas-Url": cas, "X-Xet-Access-Token": token, "X-Xet-Token-Expiration": str(exp)})
         if s == ["validate-yaml"] and m == "POST":
             return self._validate_yaml()
         if s in (["whoami-v2"], ["whoami"]) and m == "GET":
@@ -689,6 +720,8 @@ class _Handler(BaseHTTPRequestHandler):
             d = {"type": "file", "oid": e.blob_id, "size": e.size, "path": path}
             if e.lfs_sha256:
                 d["lfs"] = {"oid": e.lfs_sha256, "size": e.size, "pointerSize": e.pointer_size}
+                if e.lfs_sha256 in self.fake.xet_hashes:
+                    d["xetHash"] = self.fake.xet_hashes[e.lfs_sha256]
         if expand:
             c = self.fake._last_commit_touching(repo, head, path, e is None)
             d["lastCommit"] = {"id": c.id, "title": c.title, "date": c.date}
@@ -952,6 +985,10 @@ class _Handler(BaseHTTPRequestHandler):
         if e.lfs_sha256:
             headers["X-Linked-Etag"] = f'"{e.lfs_sha256}"'
             headers["X-Linked-Size"] = str(e.size)
+            if e.lfs_sha256 in hub.xet_hashes:  # huggingface_hub then downloads through hf_xet (xet_get)
+                headers["X-Xet-Hash"] = hub.xet_hashes[e.lfs_sha256]
+                headers["X-Xet-Refresh-Route"] = f"{hub.url}/api/{URL_PREFIX[repo_type] or 'models/'}{repo_id}" \
+                                                 f"/xet-read-token/{head}"
         status = 200
         rng = self.headers.get("Range")
         m = re.fullmatch(r"bytes=(\d*)-(\d*)", rng.strip()) if rng else None
@@ -970,3 +1007,29 @@ class _Handler(BaseHTTPRequestHandler):
 def hub_url_for(hub: FakeHub, repo_id: str, path: str, revision: str = "main", repo_type: str = "model") -> str:
     """URL of a file on the double, as ``hf_hub_url`` would build it."""
     return f"{hub.url}/{URL_PREFIX[repo_type]}{repo_id}/resolve/{quote(revision, safe='')}/{quote(path)}"
+
+
+def xet_shard_files(cas: Path) -> dict[str, tuple[str, int]]:
+    """sha256 -> (Xet hash, size) of every file in a local Xet store's shards (xet-core's MDB shard format,
+    ``xet_core_structures/src/metadata_shard``: a footer pointing at the file records; each record a 48-byte header
+    (file hash, flags, entry count), its entries, verification entries when flagged, and the sha256 extension when
+    flagged). A hash prints as its four little-endian u64 words in hex."""
+    import struct
+
+    def hexed(b: bytes) -> str:
+        return "".join(f"{u:016x}" for u in struct.unpack("<4Q", b))
+
+    out = {}
+    for path in sorted((cas / "xet" / "xorbs" / "shards").glob("*.mdb")):
+        data = path.read_bytes()
+        footer = len(data) - struct.unpack_from("<Q", data, 40)[0]
+        off = struct.unpack_from("<QQ", data, footer)[1]
+        while data[off:off + 32] != b"\xff" * 32:
+            file_hash, (flags, n) = data[off:off + 32], struct.unpack_from("<II", data, off + 32)
+            off += 48
+            size = sum(struct.unpack_from("<I", data, off + i * 48 + 36)[0] for i in range(n))
+            off += 48 * n * (2 if flags & (1 << 31) else 1)
+            if flags & (1 << 30):
+                out[hexed(data[off:off + 32])] = (hexed(file_hash), size)
+                off += 48
+    return out

@@ -324,3 +324,28 @@ def test_hub_private_commit_message_and_revision(hub: FakeHub, dist: Path) -> No
 def test_push_options_are_checked_first(args: tuple[str, ...], message: str, dist: Path) -> None:
     result = invoke("push", "rtn", "--dist", dist, "--dry-run", *args)
     assert result.exit_code == 2 and result.output.count("\n") == 1 and message in result.output, result.output
+
+
+def test_a_push_through_xet_uploads_and_reads_back_with_the_real_client(xet_hub: FakeHub, dist: Path) -> None:
+    """With hf_xet on (as huggingface_hub runs against today's Hub), the build's LFS files go through hf_xet into the
+    double's local Xet store, no LFS transfer is made, the push's read-back downloads them through Xet, and the
+    Hub lists each under the Xet hash hf_xet computes locally for the file."""
+    import hf_xet
+
+    first = _push(xet_hub, dist)
+    assert first.exit_code == 0, first.output
+    assert "tagged v1.0.0, checksums verified" in first.output
+    repo = f"np-cr/{RTN}"
+    assert xet_hub.lfs_uploads == [] and xet_hub.xet_hashes  # every large file came through Xet
+    assert any("/xet-write-token/" in t for t in xet_hub.xet_tokens)
+    assert any("/xet-read-token/" in t for t in xet_hub.xet_tokens)  # the read-back went through xet_get
+    local = {p.relative_to(dist / RTN).as_posix(): p for p in (dist / RTN).rglob("*") if p.is_file()}
+    remote = xet_hub.files(repo)
+    assert {k: v.read_bytes() for k, v in local.items() if k != WRITTEN} == \
+        {k: v for k, v in remote.items() if k != ".gitattributes"}
+    assert len(xet_hub.commits(repo)) == 2  # one commit per repo, Xet or not
+    lfs = xet_hub.commits(repo)[-1]["lfs_files"]
+    assert lfs and all(xet_hub.xet_hashes[sha] == hf_xet.hash_files([str(local[path])])[0].hash
+                       for path, sha in lfs.items())
+    again = _push(xet_hub, dist)
+    assert again.exit_code == 0 and "no changes, nothing uploaded" in again.output
