@@ -51,7 +51,8 @@ Behaviour worth knowing:
   response.  huggingface_hub's ``http_backoff`` retries ``PUT`` on ``httpx2.NetworkError`` /
   ``RemoteProtocolError`` (up to 5 retries, sleeping 1 s, 2 s, ...), so the commit still succeeds.
 * ``store_lfs = fn``: each LFS object is stored as ``fn(body)`` under the id the client declared (the body's
-  sha256 is still checked): a server that keeps other bytes than it was sent, which a listing does not show.
+  sha256 is still checked): a server that keeps other bytes than it was sent, which a listing does not show (with
+  a Xet store, the store keeps them under their own Xet hash, which listings and downloads then carry).
 * ``fail_next_commits = [...]``: each ``/commit`` takes the first item: an HTTP status (the commit refused with it,
   nothing applied) or ``"drop after"`` (the commit applied, then the socket closed without a response).
 * ``/commit`` with a ``parentCommit`` that is not the head of the target branch -> HTTP 412 (``HfHubHTTPError``).
@@ -319,7 +320,8 @@ class FakeHub:
 
     def _from_xet(self, sha: str) -> None:
         """The bytes hf_xet stored for ``sha`` (the sha256 its shards record beside each file's Xet hash), read back
-        through hf_xet, kept as the LFS object."""
+        through hf_xet, kept as the LFS object; with ``store_lfs``, its output stored in their place, in the Xet
+        store too (the Hub lists and serves that Xet hash under the declared sha256)."""
         import hf_xet
 
         assert self.xet_cas is not None
@@ -327,10 +329,16 @@ class FakeHub:
         if found is None:
             return
         xet_hash, size = found
-        with hf_xet.XetSession().new_download_stream_group(endpoint=f"local://{self.xet_cas}") as group:
+        session, cas = hf_xet.XetSession(), f"local://{self.xet_cas}"
+        with session.new_download_stream_group(endpoint=cas) as group:
             data = b"".join(group.download_stream(hf_xet.XetFileInfo(xet_hash, size)))
+        if self.store_lfs is not None:  # other bytes kept under the sha256 the client declared: in the store too
+            data = self.store_lfs(data)
+            with session.new_upload_commit(endpoint=cas) as commit:
+                stored = commit.start_upload_bytes(data, sha256=hf_xet.SKIP_SHA256)
+            xet_hash = stored.result().xet_info.hash
         self.xet_hashes[sha] = xet_hash
-        self.lfs_objects[sha] = data if self.store_lfs is None else self.store_lfs(data)
+        self.lfs_objects[sha] = data
 
     def _apply_commit(
         self,

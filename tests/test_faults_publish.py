@@ -827,3 +827,14 @@ def test_a_kill_while_the_manifest_is_written_leaves_the_old_one_whole(at: str, 
     again = invoke("manifest", "--dist", carded, "--out", out)
     assert again.exit_code == 0, again.output
     assert out.read_bytes() == new and sorted(os.listdir(tmp_path)) == ["builds", "release.lock.json"]  # no temporary
+
+
+def test_on_the_xet_path_other_stored_bytes_under_the_declared_sha256_are_caught(xet_hub: FakeHub,
+                                                                                 dist: Path) -> None:
+    """Through hf_xet the sha256 the Hub records is the one the client sends; the Xet store keeping other bytes
+    under it is caught by the read-back through Xet, and the release is not tagged."""
+    xet_hub.store_lfs = lambda data: data[:-1] + bytes([data[-1] ^ 1])
+    result = invoke("-q", "push", "rtn", "--dist", dist, "--endpoint", xet_hub.url)
+    _one_line_error(result, 2, "downloaded back, are not the hashed local file", f"np-cr/{RTN}: committed ")
+    assert xet_hub.lfs_uploads == [] and xet_hub.xet_hashes  # it went through Xet
+    assert xet_hub.tags(f"np-cr/{RTN}") == {}
