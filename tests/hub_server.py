@@ -161,6 +161,7 @@ class FakeHub:
         self.xet_cas = xet_cas
         self.xet_hashes: dict[str, str] = {}  # sha256 -> Xet hash of what hf_xet uploaded
         self.xet_tokens: list[str] = []  # the token routes asked for
+        self.mask_xet = False  # list Xet hashes masked (64 asterisks), as the Hub may
         self.repos: dict[str, Repo] = {}
         self.blobs: dict[str, bytes] = {}  # git sha1 -> content (regular files)
         self.lfs_objects: dict[str, bytes] = {}  # sha256 -> content
@@ -729,7 +730,7 @@ class _Handler(BaseHTTPRequestHandler):
             if e.lfs_sha256:
                 d["lfs"] = {"oid": e.lfs_sha256, "size": e.size, "pointerSize": e.pointer_size}
                 if e.lfs_sha256 in self.fake.xet_hashes:
-                    d["xetHash"] = self.fake.xet_hashes[e.lfs_sha256]
+                    d["xetHash"] = "*" * 64 if self.fake.mask_xet else self.fake.xet_hashes[e.lfs_sha256]
         if expand:
             c = self.fake._last_commit_touching(repo, head, path, e is None)
             d["lastCommit"] = {"id": c.id, "title": c.title, "date": c.date}

@@ -832,9 +832,9 @@ def test_a_kill_while_the_manifest_is_written_leaves_the_old_one_whole(at: str, 
 def test_on_the_xet_path_other_stored_bytes_under_the_declared_sha256_are_caught(xet_hub: FakeHub,
                                                                                  dist: Path) -> None:
     """Through hf_xet the sha256 the Hub records is the one the client sends; the Xet store keeping other bytes
-    under it is caught by the read-back through Xet, and the release is not tagged."""
+    under it shows in the Xet hash the Hub lists, and the release is not tagged."""
     xet_hub.store_lfs = lambda data: data[:-1] + bytes([data[-1] ^ 1])
     result = invoke("-q", "push", "rtn", "--dist", dist, "--endpoint", xet_hub.url)
-    _one_line_error(result, 2, "downloaded back, are not the hashed local file", f"np-cr/{RTN}: committed ")
+    _one_line_error(result, 2, "are not the hashed local file (Xet hash ", f"np-cr/{RTN}: committed ")
     assert xet_hub.lfs_uploads == [] and xet_hub.xet_hashes  # it went through Xet
     assert xet_hub.tags(f"np-cr/{RTN}") == {}

@@ -328,8 +328,8 @@ def test_push_options_are_checked_first(args: tuple[str, ...], message: str, dis
 
 def test_a_push_through_xet_uploads_and_reads_back_with_the_real_client(xet_hub: FakeHub, dist: Path) -> None:
     """With hf_xet on (as huggingface_hub runs against today's Hub), the build's LFS files go through hf_xet into the
-    double's local Xet store, no LFS transfer is made, the push's read-back downloads them through Xet, and the
-    Hub lists each under the Xet hash hf_xet computes locally for the file."""
+    double's local Xet store, no LFS transfer is made, and the Hub lists each under the Xet hash hf_xet computes
+    locally for the file: the push checks them by it, with nothing downloaded back."""
     import hf_xet
 
     first = _push(xet_hub, dist)
@@ -338,7 +338,7 @@ def test_a_push_through_xet_uploads_and_reads_back_with_the_real_client(xet_hub:
     repo = f"np-cr/{RTN}"
     assert xet_hub.lfs_uploads == [] and xet_hub.xet_hashes  # every large file came through Xet
     assert any("/xet-write-token/" in t for t in xet_hub.xet_tokens)
-    assert any("/xet-read-token/" in t for t in xet_hub.xet_tokens)  # the read-back went through xet_get
+    assert not any("/xet-read-token/" in t for t in xet_hub.xet_tokens)  # checked by content, not downloaded
     local = {p.relative_to(dist / RTN).as_posix(): p for p in (dist / RTN).rglob("*") if p.is_file()}
     remote = xet_hub.files(repo)
     assert {k: v.read_bytes() for k, v in local.items() if k != WRITTEN} == \
@@ -347,5 +347,19 @@ def test_a_push_through_xet_uploads_and_reads_back_with_the_real_client(xet_hub:
     lfs = xet_hub.commits(repo)[-1]["lfs_files"]
     assert lfs and all(xet_hub.xet_hashes[sha] == hf_xet.hash_files([str(local[path])])[0].hash
                        for path, sha in lfs.items())
+    plan = _push(xet_hub, dist, "--dry-run")
+    assert f"Compared with the remote: {len(lfs)} by the Xet hash of the stored bytes, 0 by the declared" in plan.output
     again = _push(xet_hub, dist)
     assert again.exit_code == 0 and "no changes, nothing uploaded" in again.output
+
+
+def test_masked_xet_hashes_prove_nothing_and_the_files_are_read_back(xet_hub: FakeHub, dist: Path) -> None:
+    """A listing with masked Xet hashes (64 asterisks, as the Hub may give): the push reads the uploaded files back,
+    through Xet, before it tags, and the plan says the comparison rests on the declared sha256."""
+    xet_hub.mask_xet = True
+    pushed = _push(xet_hub, dist)
+    assert pushed.exit_code == 0 and "checksums verified" in pushed.output
+    assert xet_hub.lfs_uploads == [] and any("/xet-read-token/" in t for t in xet_hub.xet_tokens)
+    lfs = len(xet_hub.commits(f"np-cr/{RTN}")[-1]["lfs_files"])
+    plan = _push(xet_hub, dist, "--dry-run")
+    assert f"0 by the Xet hash of the stored bytes, {lfs} by the declared sha256 only" in plan.output

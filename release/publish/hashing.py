@@ -1,5 +1,6 @@
-"""File hashes as the Hub compares them (sha256 for LFS files, the git blob sha1 for files it stores in git), each
-file read once with its secret scan, and cached by path and inode status."""
+"""File hashes as the Hub compares them (sha256 for LFS files, the git blob sha1 for files it stores in git, the Xet
+hash of LFS files for the content the Hub stores through Xet), each file read once with its secret scan (the Xet hash
+by hf_xet), and cached by path and inode status."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class HashCache:
         st = file.stat()
         stamp = file_stamp(st)
         hit = self.entries.get(str(file.resolve()))
-        if hit and hit.get("stamp") == stamp and (not scan or hit.get("scan") == SCAN_VERSION):
+        if hit and hit.get("stamp") == stamp and (not scan or hit.get("scan") == SCAN_VERSION) and "xet" in hit:
             return hit
         # sha256 for LFS comparisons; the git blob sha1 only where a file can be stored in git (small files)
         h = hashlib.sha256()
@@ -59,7 +60,8 @@ class HashCache:
             raise ReleaseError(f"{file}: changed size while it was read; run 'release push' again")
         self.hashed_bytes += read
         entry = {"stamp": stamp, "size": st.st_size, "sha256": h.hexdigest(),
-                 "sha1": blob.hexdigest() if blob is not None else None}
+                 "sha1": blob.hexdigest() if blob is not None else None,
+                 "xet": xet_hash(file) if is_lfs(file.name, st.st_size) else None}
         if scanner is not None:
             entry.update(scan=SCAN_VERSION, secret=scanner.found)
         return entry
@@ -75,6 +77,22 @@ class HashCache:
     def save(self) -> None:
         if self.path is not None:
             write_json(self.path, self.entries)
+
+
+def xet_hash(file: Path) -> str | None:
+    """The file's Xet hash, computed locally by hf_xet (``hash_files``: its chunks and their Merkle hash, nothing
+    uploaded): the content identifier the Hub lists for a file stored through Xet (``RepoFile.xet_hash``), derived
+    from the bytes it stores, where the sha256 it lists is the one the client declared. None without hf_xet."""
+    try:
+        import hf_xet
+    except ImportError:
+        return None
+    return str(hf_xet.hash_files([str(file)])[0].hash)
+
+
+def valid_xet_hash(value: object) -> bool:
+    """A listed Xet hash that identifies content: 64 hex digits (the Hub may list a masked one, 64 asterisks)."""
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def is_lfs(path: str, size: int) -> bool:

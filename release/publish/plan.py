@@ -34,6 +34,10 @@ class FilePlan:
     storage: Literal["lfs", "git"]
     local_hash: str | None
     remote_hash: str | None
+    # what the comparison with the remote's file rested on: "xet" (the Xet hash the Hub lists, derived from the bytes
+    # it stores), "sha256" (the LFS object id the client declared: the bytes are read back after a commit) or "sha1"
+    # (the git blob id, derived from the bytes); "" for a file the remote does not have
+    checked_by: str = ""
 
 
 @dataclass
@@ -71,6 +75,11 @@ class RepoPlan:
         return "create" if not self.exists else "update" if self.changes else "unchanged"
 
 
+def checked_by(rel: str, local: dict[str, Any], xet: dict[str, str], lfs: bool) -> str:
+    """How a file is compared with the remote's (:attr:`FilePlan.checked_by`)."""
+    return "xet" if lfs and rel in xet and local.get("xet") else "sha256" if lfs else "sha1"
+
+
 def plan_repo(remote: HubRemote | FolderRemote, request: PushRequest, build: BuildConfig, folder: Path,
               local: dict[str, dict[str, Any]]) -> RepoPlan:
     """What a push of ``local`` (from ``checked_files``) would change in the build's repo; reads, never writes."""
@@ -89,8 +98,10 @@ def plan_repo(remote: HubRemote | FolderRemote, request: PushRequest, build: Bui
         lfs = remote_entry[2] if remote_entry is not None and h["sha1"] is not None else is_lfs(rel, h["size"])
         mine = h["sha256"] if lfs else h["sha1"]
         theirs = remote_entry[1] if remote_entry is not None else None
-        action: Action = "add" if remote_entry is None else "unchanged" if mine == theirs else "modify"
-        plan.files.append(FilePlan(rel, action, h["size"], "lfs" if lfs else "git", mine, theirs))
+        by = "" if remote_entry is None else checked_by(rel, h, state.xet, lfs)
+        same = mine == theirs and (by != "xet" or state.xet[rel] == h.get("xet"))  # the stored bytes, where listed
+        action: Action = "add" if remote_entry is None else "unchanged" if same else "modify"
+        plan.files.append(FilePlan(rel, action, h["size"], "lfs" if lfs else "git", mine, theirs, by))
     for rel, (size, theirs, lfs) in sorted(remote_files.items()):
         if rel not in local and rel != ".gitattributes":
             plan.files.append(FilePlan(rel, "delete", size, "lfs" if lfs else "git", None, theirs))
@@ -211,6 +222,12 @@ def render_plan(plans: list[RepoPlan], request: PushRequest, fmt: str) -> str:
         lines += [f"## {p.repo_id} ({p.build}): {repo_status(p, request)}", "",
                   f"{counts['add']} to add, {counts['modify']} to modify, {counts['delete']} to delete, "
                   f"{counts['unchanged']} unchanged; {human_size(p.upload_bytes)} to upload.", ""]
+        compared = [f for f in p.files if f.checked_by]
+        if compared and request.target is None:  # a folder target's copies are hashed again as they are made
+            by = {k: sum(1 for f in compared if f.checked_by == k) for k in ("xet", "sha256", "sha1")}
+            lines += [f"Compared with the remote: {by['xet']} by the Xet hash of the stored bytes, {by['sha256']} "
+                      f"by the declared sha256 only (no Xet hash listed: read back after a commit), {by['sha1']} by "
+                      "git blob sha1.", ""]
         if not p.changes:
             lines += ["No changes: nothing will be uploaded.", ""]
         else:

@@ -32,6 +32,7 @@ from release.publish.manifest import locked_files, staged
 from release.publish.plan import (
     FilePlan,
     RepoPlan,
+    checked_by,
     destination,
     human_size,
     json_document,
@@ -84,11 +85,13 @@ def _operation(folder: Path, f: FilePlan, hashed: dict[str, Any]) -> Any:
 
 def _mismatches(remote: HubRemote, plan: RepoPlan, local: dict[str, dict[str, Any]], commit: str) -> str | None:
     """The first file whose remote hash differs from the hash the plan approved, compared the way the remote stores
-    each, and why; then the LFS files this commit uploaded are read back (``_read_back``)."""
+    each, and why; then the LFS files this commit uploaded are checked by the Xet hash the Hub lists for them
+    (derived from the bytes it stores) where it lists one, and read back (``_read_back``) where it does not."""
     try:
-        after = remote.state(plan.repo_id, plan.revision).files
+        state = remote.state(plan.repo_id, plan.revision)
     except ReleaseError as exc:  # a timeout, an answer refused: the commit stays untagged, a rerun checks it again
         return f"it could not be read back ({exc})"
+    after = state.files
     for f in plan.files:
         if f.action == "delete":
             continue
@@ -96,7 +99,12 @@ def _mismatches(remote: HubRemote, plan: RepoPlan, local: dict[str, dict[str, An
         if entry is None or entry[1] != (mine["sha256"] if entry[2] else mine["sha1"]):
             return f"the remote {f.path} does not match the hashed local file"
     uploaded = [f.path for f in plan.changes if f.action in ("add", "modify") and after[f.path][2]]
-    return _read_back(remote, plan, uploaded, local, commit)
+    by_content = [name for name in uploaded if checked_by(name, local[name], state.xet, True) == "xet"]
+    for name in by_content:  # the Xet hash is derived from the stored bytes: equal hashes, equal bytes
+        if state.xet[name] != local[name]["xet"]:
+            return (f"the bytes the Hub stores for {name} are not the hashed local file (Xet hash {state.xet[name]}, "
+                    f"the local file's {local[name]['xet']})")
+    return _read_back(remote, plan, [name for name in uploaded if name not in by_content], local, commit)
 
 
 def _read_back(remote: HubRemote, plan: RepoPlan, paths: list[str], local: dict[str, dict[str, Any]],

@@ -7,12 +7,12 @@ import hashlib
 import json
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from release.core.errors import ReleaseError
 from release.publish import hub_client
-from release.publish.hashing import HashCache, is_lfs
+from release.publish.hashing import HashCache, is_lfs, valid_xet_hash
 
 MAIN = "main"
 
@@ -24,6 +24,7 @@ class RemoteState:
     tags: dict[str, str]  # tag: commit
     branch_exists: bool = True
     private: bool | None = None
+    xet: dict[str, str] = field(default_factory=dict)  # path: the Xet hash the Hub lists (valid ones only)
 
 
 class HubRemote:
@@ -72,12 +73,14 @@ class HubRemote:
                 return RemoteState(None, {}, {}, revision == MAIN)
         from huggingface_hub.hf_api import RepoFile
 
-        files = {}
+        files, xet = {}, {}
         for entry in tree:
             if isinstance(entry, RepoFile):
                 files[entry.path] = (entry.size, entry.lfs.sha256 if entry.lfs else entry.blob_id, bool(entry.lfs))
+                if entry.lfs and valid_xet_hash(getattr(entry, "xet_hash", None)):
+                    xet[entry.path] = str(entry.xet_hash)
         return RemoteState(head, files, {t.name: t.target_commit for t in refs.tags}, revision in branches,
-                           info.private)
+                           info.private, xet)
 
     def read(self, repo_id: str, path: str, revision: str) -> str:
         with self._reading(f"{path} of {repo_id}"):
