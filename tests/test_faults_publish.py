@@ -838,3 +838,8 @@ def test_on_the_xet_path_other_stored_bytes_under_the_declared_sha256_are_caught
     _one_line_error(result, 2, "are not the hashed local file (Xet hash ", f"np-cr/{RTN}: committed ")
     assert xet_hub.lfs_uploads == [] and xet_hub.xet_hashes  # it went through Xet
     assert xet_hub.tags(f"np-cr/{RTN}") == {}
+    # the listing's sha256 are the approved ones; its Xet hashes are not the local files': the plan uploads them again
+    plan = invoke("push", "rtn", "--dist", dist, "--endpoint", xet_hub.url, "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    lfs = xet_hub.commits(f"np-cr/{RTN}")[-1]["lfs_files"]
+    assert all(f"| `{path}` | modify |" in plan.output for path in lfs)
