@@ -162,6 +162,7 @@ class FakeHub:
         self.xet_hashes: dict[str, str] = {}  # sha256 -> Xet hash of what hf_xet uploaded
         self.xet_tokens: list[str] = []  # the token routes asked for
         self.mask_xet = False  # list Xet hashes masked (64 asterisks), as the Hub may
+        self.collections: dict[str, dict[str, Any]] = {}  # slug -> the collection as the Hub returns it
         self.repos: dict[str, Repo] = {}
         self.blobs: dict[str, bytes] = {}  # git sha1 -> content (regular files)
         self.lfs_objects: dict[str, bytes] = {}  # sha256 -> content
@@ -575,7 +576,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as err:
             self._error(_HubError(500, f"FakeHub internal error: {type(err).__name__}: {err}"))
 
-    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _dispatch
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _dispatch
 
     def _check_auth(self) -> None:
         expected = self.fake.expected_token
@@ -614,6 +615,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _route_api(self, s: list[str], m: str) -> None:
         hub = self.fake
+        if s[:1] == ["collections"]:
+            return self._collections(s[1:], m)
         if m == "GET" and len(s) == 5 and s[3] in ("xet-read-token", "xet-write-token") and hub.xet_cas is not None:
             # hf_xet reads the JSON body (its token refresher), huggingface_hub's download the headers
             hub.xet_tokens.append("/".join(s))
@@ -974,6 +977,61 @@ class _Handler(BaseHTTPRequestHandler):
         if data is None or len(data) != int(body.get("size", -1)):
             raise _HubError(404, f"LFS object {body.get('oid')} not found")
         self._json(200, {"success": True})
+
+    # -------------------------------------------------------------- collections
+    def _collections(self, s: list[str], m: str) -> None:
+        """The Hub's collection endpoints as huggingface_hub 2.4 calls them (``list_collections``, ``get_collection``,
+        ``create_collection``, ``update_collection_metadata``, ``add_collection_item``, ``update_collection_item``)."""
+        hub = self.fake
+        with hub._lock:
+            if not s and m == "GET":
+                owner = self.query.get("owner")
+                return self._json(200, [{k: v for k, v in c.items() if k != "position"}
+                                        for c in hub.collections.values() if owner in (None, c["owner"]["name"])])
+            if not s and m == "POST":
+                body = json.loads(self._read_body() or b"{}")
+                hub._seq += 1
+                slug = f"{body['namespace']}/{re.sub(r'[^a-z0-9]+', '-', body['title'].lower()).strip('-')}-" \
+                       f"{hub._seq:024x}"
+                hub.collections[slug] = {
+                    "slug": slug, "title": body["title"], "description": body.get("description"),
+                    "owner": {"name": body["namespace"], "type": "org"}, "items": [], "position": 0,
+                    "private": bool(body.get("private")), "theme": "default", "upvotes": 0,
+                    "lastUpdated": "2024-01-01T00:00:00.000Z"}
+                return self._json(200, hub.collections[slug])
+            slug = "/".join(unquote(x) for x in s[:2])
+            c = hub.collections.get(slug)
+            if c is None:
+                raise _HubError(404, f"Collection {slug} not found")
+            rest = s[2:]
+            if not rest and m == "GET":
+                return self._json(200, c)
+            body = json.loads(self._read_body() or b"{}")
+            if not rest and m == "PATCH":
+                c.update({k: v for k, v in body.items() if k in ("title", "description", "private", "theme")})
+                return self._json(200, {"data": c})
+            if rest == ["items"] and m == "POST":
+                item = body["item"]
+                if any(i["id"] == item["id"] and i["type"] == item["type"] for i in c["items"]):
+                    raise _HubError(409, "Item already in the collection")
+                hub._seq += 1
+                c["items"].append({"_id": f"{hub._seq:024x}", "id": item["id"], "type": item["type"],
+                                   "position": len(c["items"]),
+                                   **({"note": {"text": body["note"]}} if body.get("note") else {})})
+                return self._json(200, c)
+            if len(rest) == 2 and rest[0] == "items" and m == "PATCH":
+                item = next((i for i in c["items"] if i["_id"] == rest[1]), None)
+                if item is None:
+                    raise _HubError(404, f"Item {rest[1]} not found")
+                if "note" in body:
+                    item["note"] = {"text": body["note"]}
+                if "position" in body:
+                    c["items"].remove(item)
+                    c["items"].insert(int(body["position"]), item)
+                    for i, x in enumerate(c["items"]):
+                        x["position"] = i
+                return self._json(200, {"success": True})
+        raise _HubError(404, f"FakeHub: no route for {m} {self.path}")
 
     # -------------------------------------------------------------- downloads
     def _resolve_file(self, repo_type: str, repo_id: str, revision: str, path: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,7 @@ def test_three_delivered_repos_pushed_twice_make_one_commit_each(hub: FakeHub, r
     choose(dist, ["rtn", "sq_auto", "rtn_mavg"])
     plan = invoke("push", "--dist", dist, "--endpoint", hub.url, "--dry-run")
     assert plan.exit_code == 0 and plan.output.count("will be created") == 3
+    assert "## Collection: Cosmos3-Nano-Policy-DROID FP8 (np-cr): to create" in plan.output
     for _ in range(2):
         result = invoke("push", "--dist", dist, "--endpoint", hub.url)
         assert result.exit_code == 0, result.output
@@ -363,3 +365,49 @@ def test_masked_xet_hashes_prove_nothing_and_the_files_are_read_back(xet_hub: Fa
     lfs = len(xet_hub.commits(f"np-cr/{RTN}")[-1]["lfs_files"])
     plan = _push(xet_hub, dist, "--dry-run")
     assert f"0 by the Xet hash of the stored bytes, {lfs} by the declared sha256 only" in plan.output
+
+
+def test_the_delivered_repos_are_kept_as_one_collection(hub: FakeHub, recipe_builds: Path, tmp_path: Path) -> None:
+    """The push creates the release's collection (title and description from release.yaml) with the delivered repos
+    in the order the push takes them (the selection's), each noted by its card's title; a second push writes nothing
+    to it; a collection changed on the Hub (an item's note, the order) is put back; --no-collection leaves it
+    alone."""
+    from release.core.builds import load_release
+
+    dist = tmp_path / "dist"
+    for repo in (RTN, f"{RTN}-SmoothQuant", f"{RTN}-RTN-MovingAvgObserver"):
+        shutil.copytree(recipe_builds / repo, dist / repo)
+        add_card(dist / repo, f"---\nlicense: other\n---\nintro\n# the card of {repo}\n")
+    choose(dist, ["rtn", "sq_auto", "rtn_mavg"])
+    plan = invoke("push", "--dist", dist, "--endpoint", hub.url, "--dry-run")
+    assert plan.exit_code == 0, plan.output
+    repos = re.findall(r"^## (np-cr/\S+) \(", plan.output, flags=re.M)  # the order the push takes them
+    assert len(repos) == 3
+    listed = "\n".join(f"{i}. `{r}`: the card of {r[6:]}" for i, r in enumerate(repos, 1))
+    assert f"## Collection: Cosmos3-Nano-Policy-DROID FP8 (np-cr): to create\n\n{listed}\n" in plan.output
+    assert not hub.collections  # a dry run writes nothing
+    assert invoke("push", "--dist", dist, "--endpoint", hub.url).exit_code == 0
+    (slug, made), = hub.collections.items()
+    config = load_release().collection
+    assert config is not None and (made["title"], made["description"]) == (config.title, config.description)
+    wanted = [(r, f"the card of {r[6:]}") for r in repos]
+    assert [(i["id"], i["note"]["text"]) for i in made["items"]] == wanted
+
+    def writes() -> list[tuple[str, str]]:
+        return [r for r in hub.requests if r[0] in ("POST", "PATCH") and "/collections" in r[1]]
+
+    before = writes()
+    again = invoke("push", "--dist", dist, "--endpoint", hub.url)
+    assert "collection Cosmos3-Nano-Policy-DROID FP8: unchanged" in again.output and writes() == before
+    made["items"].reverse()  # edited on the Hub: the order and a note
+    made["items"][0]["note"] = {"text": "edited"}
+    for i, item in enumerate(made["items"]):
+        item["position"] = i
+    plan = invoke("push", "--dist", dist, "--endpoint", hub.url, "--dry-run")
+    assert "(np-cr): to update" in plan.output and f"set the note of {repos[2]}" in plan.output
+    assert "updated (3 repos)" in invoke("push", "--dist", dist, "--endpoint", hub.url).output
+    assert [(i["id"], i["note"]["text"]) for i in hub.collections[slug]["items"]] == wanted
+    hub.collections[slug]["items"][0]["note"] = {"text": "edited"}
+    skipped = invoke("push", "--dist", dist, "--endpoint", hub.url, "--no-collection")
+    assert skipped.exit_code == 0 and "collection" not in skipped.output
+    assert hub.collections[slug]["items"][0]["note"] == {"text": "edited"}

@@ -47,16 +47,20 @@ def test_a_push_says_what_goes_where_then_what_it_did_not_the_plan(hub: FakeHub,
     first = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
     assert first.exit_code == 0, first.output
     commit = hub.commits(REPO)[-1]["id"]
+    slug = next(iter(hub.collections))
     assert first.stderr.startswith(f"Pushing release 1.0.0 to {hub.url}: 1 repo (1 to create, 0 to update, 0 "
                                    f"unchanged); {n} files to upload ({size}), 0 unchanged, 0 to delete\n"
                                    f"{REPO} (1/1): uploading {n} files ({size})\n")
     assert first.stdout == (f"{REPO}: committed {commit[:12]} to main ({n} files), tagged v1.0.0, checksums "
                             f"verified\n  {hub.url}/{REPO}/commit/{commit}\n"
+                            "collection Cosmos3-Nano-Policy-DROID FP8: created (1 repo), "
+                            f"{hub.url}/collections/{slug}\n"
                             f"Pushed release 1.0.0 to {hub.url}: 1 repo (1 created, 0 updated, 0 unchanged); "
                             f"{n} files uploaded ({size}), 0 unchanged, 0 deleted.\n")
     again = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
     assert f"{REPO} (1/1): no changes\n" in again.stderr
     assert again.stdout == (f"{REPO}: no changes, nothing uploaded; tag v1.0.0 already on {commit[:12]}\n"
+                            "collection Cosmos3-Nano-Policy-DROID FP8: unchanged\n"
                             f"Pushed release 1.0.0 to {hub.url}: 1 repo (0 created, 0 updated, 1 unchanged); "
                             f"0 files uploaded (0 B), {n} unchanged, 0 deleted.\n")
     for line in PLAN_LINES:

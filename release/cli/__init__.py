@@ -341,15 +341,19 @@ def card(names: tuple[str, ...], dist: Path, lang: str | None, check: bool, prev
 @click.option("--preview", type=click.Path(path_type=Path, file_okay=False), default=None, metavar="DIR",
               help="With --dry-run: also write DIR/comment.md (the pull-request comment, under GitHub's limit), the "
               "full plan (plan.md, plan.json) and the cards of each repo (cards/REPO/).")
+@click.option("--collection/--no-collection", default=True, show_default=True,
+              help="Create or update the Hub collection of the delivered repos ('collection' in release.yaml).")
 def push(names: tuple[str, ...], org: str | None, dist: Path, endpoint: str | None, dry_run: bool,
          create_pr: bool, fmt: str, force: str | None, retag: bool, target: Path | None, private: bool,
-         commit_message: str | None, revision: str, manifest: Path | None, preview: Path | None) -> None:
+         commit_message: str | None, revision: str, manifest: Path | None, preview: Path | None,
+         collection: bool) -> None:
     """Plan and publish the sibling repos (token from HF_TOKEN or the huggingface_hub login; never printed): what
     goes where and the progress on stderr, then what was done, with each commit, and the totals."""
     from release.publish.push import PushRequest, run_push
 
     click.echo(run_push(PushRequest.create(names, org, dist, dry_run, endpoint, create_pr, fmt, force, target,
-                                           retag, private, commit_message, revision, manifest, preview)))
+                                           retag, private, commit_message, revision, manifest, preview,
+                                           collection)))
 
 
 @main.command()

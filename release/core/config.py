@@ -72,6 +72,14 @@ def hub_name(value: str, kind: Literal["org", "repo"]) -> str:
     return value
 
 
+class Collection(Strict):
+    """The Hub collection ``release push`` keeps of the delivered repos (the Hub's limits: a title of at most 60
+    characters, a description of at most 150)."""
+
+    title: str = Field(min_length=1, max_length=60)
+    description: str | None = Field(None, max_length=150)
+
+
 class Override(Strict):
     """A release that delivers otherwise than its selection chose: ``deliver: true`` publishes a build the rule did
     not choose, ``deliver: false`` withholds one it chose; the reason is printed on the cards."""
@@ -149,6 +157,8 @@ class ReleaseConfig(Strict):
     sweep: list[str] = Field([], description="the builds 'release build --all' makes, in the campaign's order "
                              "(default: every build file)")
     campaign: Campaign = Campaign()
+    collection: Collection | None = Field(None, description="the Hub collection of the delivered repos that "
+                                          "'release push' creates or updates (none without it)")
 
     @field_validator("sweep")
     @classmethod

@@ -200,18 +200,20 @@ def summary_line(plans: list[RepoPlan], done: bool) -> str:
             f"({human_size(totals['upload_bytes'])}), {files['unchanged']} unchanged, {files['delete']} {delete}")
 
 
-def json_document(plans: list[RepoPlan], request: PushRequest, repos: list[dict[str, Any]]) -> str:
-    """A push's plan or result as one JSON document, its keys sorted: the release, where it goes, ``repos`` and the
-    totals."""
+def json_document(plans: list[RepoPlan], request: PushRequest, repos: list[dict[str, Any]],
+                  collection: Any = None) -> str:
+    """A push's plan or result as one JSON document, its keys sorted: the release, where it goes, ``repos``, the
+    collection (its plan's lines, or what the push did to it) and the totals."""
     return json.dumps({"org": request.org, "dry_run": request.dry_run, "version": request.release.version,
                        "tool": __version__, "destination": destination(request), "description": request.notes,
-                       "repos": repos, "summary": summary(plans)}, indent=2, sort_keys=True)
+                       "repos": repos, "collection": collection, "summary": summary(plans)}, indent=2,
+                      sort_keys=True)
 
 
-def render_plan(plans: list[RepoPlan], request: PushRequest, fmt: str) -> str:
-    """The plan of a dry run (``fmt``: text or json), ending with its totals."""
+def render_plan(plans: list[RepoPlan], request: PushRequest, fmt: str, collection: list[str] | None = None) -> str:
+    """The plan of a dry run (``fmt``: text or json), the collection's lines (``collection``), then the totals."""
     if fmt == "json":
-        return json_document(plans, request, [asdict(p) for p in plans])
+        return json_document(plans, request, [asdict(p) for p in plans], "\n".join(collection or []) or None)
     lines = [f"# Release plan: release {request.release.version} to {remote_label(request)} "
              f"(`release` {__version__})", ""]
     if request.notes is not None:
@@ -242,4 +244,5 @@ def render_plan(plans: list[RepoPlan], request: PushRequest, fmt: str) -> str:
         if p.readme_diff:
             lines += ["<details><summary>README.md diff</summary>", "", "```diff", p.readme_diff, "```", "",
                       "</details>", ""]
-    return "\n".join([*lines, f"Summary: {summary_line(plans, done=False)}; nothing was uploaded (dry run)."])
+    return "\n".join([*lines, *(collection or []),
+                      f"Summary: {summary_line(plans, done=False)}; nothing was uploaded (dry run)."])

@@ -25,6 +25,7 @@ from release.core.config import BuildConfig
 from release.core.errors import GateError, ReleaseError
 from release.core.io import atomic_dir, cache_dir, clean_stale, exclusive_lock, sha256_file
 from release.core.output import info, quiet
+from release.publish.collection import apply_collection, plan_collection, render_collection
 from release.publish.gate import checked_files
 from release.publish.hashing import LFS_THRESHOLD, HashCache
 from release.publish.hub_client import describe
@@ -294,18 +295,20 @@ def _doing(plan: RepoPlan, verb: str) -> str:
     return f"{verb} {plural(sent, 'file')} ({human_size(plan.upload_bytes)}){deleting}"
 
 
-def render_pushed(plans: list[RepoPlan], pushed: list[Pushed], request: PushRequest) -> str:
+def render_pushed(plans: list[RepoPlan], pushed: list[Pushed], request: PushRequest,
+                  collection: str | None = None) -> str:
     """What a push did (``request.fmt``: text or json): each repo's result with its commit and where to see it,
-    then the totals."""
+    what it did to the release's collection, then the totals."""
     if request.fmt == "json":
         return json_document(plans, request, [
             {"repo_id": p.repo_id, "build": p.build, "status": p.status, "revision": p.revision, "files": p.counts,
              "upload_bytes": p.upload_bytes, "tag": p.tag if p.tag_action != "none" else None,
              "tag_action": p.tag_action, "commit": done.commit, "url": done.url, "result": done.result}
-            for p, done in zip(plans, pushed, strict=True)])
+            for p, done in zip(plans, pushed, strict=True)], collection)
     lines = []
     for p, done in zip(plans, pushed, strict=True):
         lines += [f"{p.repo_id}: {done.result}", *([f"  {done.url}"] if done.url else [])]
+    lines += [collection] if collection else []
     how = " as pull requests" if request.create_pr else ""
     return "\n".join([*lines, f"Pushed release {request.release.version} to {destination(request)}{how}: "
                                f"{summary_line(plans, done=True)}."])
@@ -348,10 +351,11 @@ def _run_push(request: PushRequest, dist: Path, cache: HashCache,
             with remote.deadline(f"the plan of {request.org}/{build.repo}"):
                 plans.append(plan_repo(remote, request, build, folder, local))
         cache.save()
+        collection = plan_collection(remote, request, plans, dist) if isinstance(remote, HubRemote) else None
         if request.preview is not None:
             write_preview(request.preview, plans, request, dist)
         if request.dry_run:
-            return render_plan(plans, request, request.fmt)
+            return render_plan(plans, request, request.fmt, render_collection(collection))
         info(f"Pushing release {request.release.version} to {destination(request)}: "
              f"{summary_line(plans, done=False)}")
         pushed: list[Pushed] = []
@@ -367,4 +371,5 @@ def _run_push(request: PushRequest, dist: Path, cache: HashCache,
                 before = "; ".join(f"{p.repo_id}: {d.result}" for p, d in zip(plans, pushed, strict=False))
                 raise type(exc)(f"{exc}. Published before it ({len(pushed)} of {len(plans)} repos): {before}") \
                     from exc
-    return render_pushed(plans, pushed, request)
+        kept = apply_collection(remote, collection) if isinstance(remote, HubRemote) else None
+    return render_pushed(plans, pushed, request, kept)

@@ -45,7 +45,7 @@ class HubRemote:
         return hub_client.deadline(what)
 
     @contextmanager
-    def _reading(self, what: str) -> Iterator[None]:
+    def reading(self, what: str) -> Iterator[None]:
         """Reads of the remote under a deadline; a failure (offline mode, DNS, a refused connection, a timeout) says
         where and stops."""
         try:
@@ -62,7 +62,7 @@ class HubRemote:
         push creates it)."""
         from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
-        with self._reading(repo_id):
+        with self.reading(repo_id):
             try:
                 info = self.api.repo_info(repo_id)
                 refs = self.api.list_repo_refs(repo_id)
@@ -83,7 +83,7 @@ class HubRemote:
                            info.private, xet)
 
     def read(self, repo_id: str, path: str, revision: str) -> str:
-        with self._reading(f"{path} of {repo_id}"):
+        with self.reading(f"{path} of {repo_id}"):
             local = self.api.hf_hub_download(repo_id, path, revision=revision)
         return Path(local).read_text(encoding="utf-8", errors="replace")
 

@@ -44,6 +44,7 @@ class PushRequest:
     lock: Lock | None = None  # --from-manifest: the files and sidecars of a real build, planned without weights
     lock_path: Path | None = None
     preview: Path | None = None  # --preview DIR: the pull-request comment, the full plan and the cards
+    collection: bool = True  # keep the release's Hub collection (release.collection) up to date
 
     @property
     def tag(self) -> str:
@@ -54,7 +55,7 @@ class PushRequest:
                create_pr: bool = False, fmt: str = "text", force: str | None = None,
                target: Path | None = None, retag: bool = False, private: bool = False,
                commit_message: str | None = None, revision: str = MAIN,
-               manifest: Path | None = None, preview: Path | None = None) -> PushRequest:
+               manifest: Path | None = None, preview: Path | None = None, collection: bool = True) -> PushRequest:
         if commit_message is not None and (not commit_message.strip() or "\n" in commit_message
                                            or "\r" in commit_message):
             raise ReleaseError(f"--commit-message {commit_message!r}: give one non-empty line, the commit summary "
@@ -89,4 +90,4 @@ class PushRequest:
         notes = release_notes(release.version) if target is None else None
         return cls(release, builds, org or release.org, dist, dry_run, endpoint, create_pr, fmt,  # type: ignore[arg-type]
                    force, target, retag, reports, notes, private, commit_message, revision, lock, manifest,
-                   preview)
+                   preview, collection)
