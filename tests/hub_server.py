@@ -163,6 +163,7 @@ class FakeHub:
         self.xet_tokens: list[str] = []  # the token routes asked for
         self.mask_xet = False  # list Xet hashes masked (64 asterisks), as the Hub may
         self.collections: dict[str, dict[str, Any]] = {}  # slug -> the collection as the Hub returns it
+        self.refuse_collection_writes: int | None = None  # an HTTP status every collection write is answered with
         self.repos: dict[str, Repo] = {}
         self.blobs: dict[str, bytes] = {}  # git sha1 -> content (regular files)
         self.lfs_objects: dict[str, bytes] = {}  # sha256 -> content
@@ -983,13 +984,15 @@ class _Handler(BaseHTTPRequestHandler):
         """The Hub's collection endpoints as huggingface_hub 2.4 calls them (``list_collections``, ``get_collection``,
         ``create_collection``, ``update_collection_metadata``, ``add_collection_item``, ``update_collection_item``)."""
         hub = self.fake
+        body = json.loads(self._read_body() or b"{}") if m in ("POST", "PATCH") else {}  # read whole: keep-alive
+        if m in ("POST", "PATCH") and hub.refuse_collection_writes is not None:
+            raise _HubError(hub.refuse_collection_writes, "You don't have the rights to edit this collection")
         with hub._lock:
             if not s and m == "GET":
                 owner = self.query.get("owner")
                 return self._json(200, [{k: v for k, v in c.items() if k != "position"}
                                         for c in hub.collections.values() if owner in (None, c["owner"]["name"])])
             if not s and m == "POST":
-                body = json.loads(self._read_body() or b"{}")
                 hub._seq += 1
                 slug = f"{body['namespace']}/{re.sub(r'[^a-z0-9]+', '-', body['title'].lower()).strip('-')}-" \
                        f"{hub._seq:024x}"
@@ -1006,7 +1009,6 @@ class _Handler(BaseHTTPRequestHandler):
             rest = s[2:]
             if not rest and m == "GET":
                 return self._json(200, c)
-            body = json.loads(self._read_body() or b"{}")
             if not rest and m == "PATCH":
                 c.update({k: v for k, v in body.items() if k in ("title", "description", "private", "theme")})
                 return self._json(200, {"data": c})

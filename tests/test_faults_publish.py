@@ -843,3 +843,16 @@ def test_on_the_xet_path_other_stored_bytes_under_the_declared_sha256_are_caught
     assert plan.exit_code == 0, plan.output
     lfs = xet_hub.commits(f"np-cr/{RTN}")[-1]["lfs_files"]
     assert all(f"| `{path}` | modify |" in plan.output for path in lfs)
+
+
+def test_a_collection_the_hub_refuses_is_one_line_after_the_repos_are_pushed(hub: FakeHub, dist: Path) -> None:
+    """A token that may push the repos but not edit the org's collections: the repos are pushed and tagged, the
+    collection step is a one-line error that says so (exit 2); the rerun pushes nothing again and makes it."""
+    hub.refuse_collection_writes = 403
+    refused = invoke("-q", "push", "rtn", "--dist", dist, "--endpoint", hub.url)
+    _one_line_error(refused, 2, "collection Cosmos3-Nano-Policy-DROID FP8 of np-cr: ", "the repos were pushed")
+    assert list(hub.tags(f"np-cr/{RTN}")) == ["v1.0.0"] and not hub.collections
+    hub.refuse_collection_writes = None
+    again = invoke("push", "rtn", "--dist", dist, "--endpoint", hub.url)
+    assert again.exit_code == 0 and "no changes, nothing uploaded" in again.output, again.output
+    assert "collection Cosmos3-Nano-Policy-DROID FP8: created (1 repo)" in again.output
