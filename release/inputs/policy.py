@@ -73,7 +73,7 @@ def _remember(key: tuple[Any, ...], entry: _Conditioned) -> None:
 
 def _stored(key: tuple[Any, ...]) -> Path:
     """Where the conditioning of ``key`` is kept between processes: ``RELEASE_CACHE/conditioning/`` (a later
-    ``release eval`` or a campaign's resumption skips the VAE encodes of frames it has seen, 0.5 s each on two
+    ``release eval`` or a campaign's resumption skips the VAE encodes of frames it has seen, about 0.3 s each on two
     cores)."""
     return cache_dir() / "conditioning" / f"{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]}.safetensors"
 

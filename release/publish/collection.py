@@ -13,7 +13,7 @@ from typing import Any
 from release.core.errors import ReleaseError
 from release.publish.hub_client import describe
 from release.publish.plan import RepoPlan, plural
-from release.publish.remotes import HubRemote
+from release.publish.remotes import MAIN, HubRemote
 from release.publish.request import PushRequest
 
 NOTE_LIMIT = 500  # the Hub's limit on an item's note
@@ -47,7 +47,7 @@ def plan_collection(remote: HubRemote, request: PushRequest, plans: list[RepoPla
     """The collection's plan, or None where a push keeps none: no ``collection`` in release.yaml, ``--no-collection``,
     a folder target, or a push to a branch or as pull requests (the release is on main)."""
     config = request.release.collection
-    if config is None or not request.collection or request.create_pr or request.revision != "main":
+    if config is None or not request.collection or request.create_pr or request.revision != MAIN:
         return None
     items = [(p.repo_id, card_title(dist / b.repo / "README.md")) for p, b in zip(plans, request.builds, strict=True)]
     plan = CollectionPlan(config.title, config.description, request.org, None, items)
