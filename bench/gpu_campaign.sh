@@ -6,7 +6,8 @@
 #   wait:  follow it up to $WAIT seconds (default 540), then copy its log, profile and figures to OUT.
 # Usage: bench/gpu_campaign.sh WORK OUT start|wait [release campaign options...]
 #   WORK holds venv/ and the fixture fx/ (bench/gpu_scale.sh setup) and, with BUILDS_DIR, a builds folder
-#   (bench/gpu_scale.sh init); RELEASE_CACHE is WORK/cache.
+#   (bench/gpu_scale.sh init); RELEASE_CACHE is WORK/cache. LAUNCH replaces the command that runs the CLI (default
+#   venv/bin/release), e.g. LAUNCH="venv/bin/python bench/gpu_capped.py 24" for a 24 GB card's allocator limit.
 set -uo pipefail
 work=$(realpath "$1") out=$(realpath -m "$2") step=$3
 shift 3
@@ -18,7 +19,7 @@ case $step in
 cd "$work"
 export RELEASE_CACHE="$work/cache" RELEASE_PROFILE="$work/campaign/profile.json" SOURCE_DATE_EPOCH=1700000000
 SECONDS=0
-venv/bin/release ${BUILDS_DIR:+--builds "$BUILDS_DIR"} campaign --source fx/source --observations fx/observations \
+${LAUNCH:-venv/bin/release} ${BUILDS_DIR:+--builds "$BUILDS_DIR"} campaign --source fx/source --observations fx/observations \
   --dist dist $* >campaign/log.txt 2>&1 &
 pid=\$!
 gpu=0 disk=0
