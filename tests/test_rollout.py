@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from diffusers import Cosmos3OmniPipeline
+from diffusers.video_processor import VideoProcessor
 
 import release.inputs.policy as policy
 from release.core.config import PolicySettings
@@ -51,6 +53,33 @@ def test_a_memoised_conditioning_gives_the_bits_of_a_computed_one(tiny: Path, mo
     again = policy.rollout(policy.load_pipeline(tiny / "source", settings), obs, settings)
     assert not calls and list(policy._CONDITIONED.values()) == [entry]
     assert np.array_equal(_bits(again), _bits(computed))
+
+
+def test_a_seen_frame_is_probed_by_its_digest_and_decoded_once(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pipeline's probe of a frame seen before (diffusers preprocesses the whole clip for its height and width)
+    is a meta tensor of the remembered shape, with the bits of the rollout that preprocessed it; the frame's PNGs
+    are decoded once while they are unchanged."""
+    monkeypatch.setattr(policy, "_CONDITIONED", {})
+    settings = PolicySettings()
+    obs = load_observations(tiny / "observations")[1]
+    assert obs.frame() is obs.frame() and np.array_equal(np.asarray(obs.frame()), obs.concat_view())
+    pipe = policy.load_pipeline(tiny / "source", settings)
+    calls: list[torch.Tensor] = []
+    preprocess = VideoProcessor.preprocess_video
+
+    def counted(self: VideoProcessor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(preprocess(self, *args, **kwargs))
+        return calls[-1]
+
+    monkeypatch.setattr(VideoProcessor, "preprocess_video", counted)
+    first = policy.rollout(pipe, obs, settings)  # the probe and the conditioning, each preprocessing the clip
+    assert [t.is_meta for t in calls] == [False, False]
+    again = policy.rollout(pipe, obs, settings)
+    assert isinstance(pipe.video_processor, policy._ProbedShapes) and len(calls) == 2  # the probe: a shape
+    assert np.array_equal(_bits(again), _bits(first))
+    before, png = obs.frame(), obs.images["wrist_image_left"]
+    os.utime(png, ns=(png.stat().st_atime_ns, png.stat().st_mtime_ns + 1))  # a changed file is decoded again
+    assert obs.frame() is not before and np.array_equal(np.asarray(obs.frame()), np.asarray(before))
 
 
 def test_a_copy_of_the_source_elsewhere_uses_the_same_conditioning(tiny: Path, monkeypatch: pytest.MonkeyPatch,

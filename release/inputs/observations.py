@@ -16,6 +16,7 @@ Format ``release-droid-obs/1`` (a folder; real DROID frames can be written in it
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -57,6 +58,26 @@ class Observation:
         from PIL import Image
 
         return np.concatenate([np.asarray(Image.open(self.images[c]).convert("RGB")) for c in CAMERAS], axis=1)
+
+    def frame(self) -> Any:
+        """:meth:`concat_view` as the PIL image a rollout hands the pipeline, decoded once per process while its
+        PNG files are unchanged: a campaign rolls every observation out once per build, and the three PNG decodes
+        were 6 ms of a tiny rollout's 90 ms."""
+        stats = tuple((str(self.images[c]), *_stamp(self.images[c])) for c in CAMERAS)
+        return _frame(stats)
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=256)  # a campaign's observation set: 48 at the shipped sizes (2 MB a frame)
+def _frame(stats: tuple[tuple[str, int, int], ...]) -> Any:
+    from PIL import Image
+
+    return Image.fromarray(np.concatenate([np.asarray(Image.open(path).convert("RGB")) for path, _, _ in stats],
+                                          axis=1))
 
 
 def instructions(rng: np.random.Generator, n: int) -> list[str]:

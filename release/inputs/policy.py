@@ -12,6 +12,7 @@ A *transformer call* (every keyword argument of one ``transformer.forward``) is 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -35,6 +36,7 @@ with torchao_quiet():  # diffusers imports TorchAO's quantizer where TorchAO is 
     from diffusers import Cosmos3OmniPipeline, UniPCMultistepScheduler
     from diffusers.pipelines.cosmos.pipeline_cosmos3_omni import CosmosActionCondition
     from diffusers.utils import logging as diffusers_logging
+    from diffusers.video_processor import VideoProcessor
 
 diffusers_logging.disable_progress_bar()  # the tool shows its own (rich) progress
 diffusers_logging.set_verbosity_error()
@@ -128,6 +130,53 @@ def _clip_digest(clip: Any) -> str | None:
     return h.hexdigest()
 
 
+class _ProbedShapes(VideoProcessor):
+    """diffusers' video processor, except for the pipeline's probe: ``__call__`` preprocesses the whole conditioning
+    clip only to read its height and width (12 ms of a tiny rollout's 90 ms), and the conditioning preprocesses it
+    again. Here a clip's processed shape is remembered by its content digest, and the probe (any call outside
+    :meth:`processing`) of a clip seen before gets a meta tensor of that shape: reading its values fails loudly."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._shapes: dict[str, torch.Size] = {}
+        self._processing = False
+        self._last: tuple[Any, str | None] | None = None  # (clip's first frame, digest): one hash per rollout
+
+    def digest(self, clip: Any) -> str | None:
+        frames = clip if isinstance(clip, list) else [clip]
+        if len(frames) == 1 and self._last is not None and self._last[0] is frames[0]:
+            return self._last[1]
+        digest = _clip_digest(clip)
+        if len(frames) == 1:
+            self._last = (frames[0], digest)
+        return digest
+
+    @contextmanager
+    def processing(self) -> Iterator[None]:
+        self._processing = True
+        try:
+            yield
+        finally:
+            self._processing = False
+
+    def preprocess_video(self, video: Any, height: int | None = None, width: int | None = None,
+                         **kwargs: Any) -> torch.Tensor:
+        if self._processing or height is not None or width is not None or kwargs:
+            return super().preprocess_video(video, height, width, **kwargs)
+        digest = self.digest(video)
+        if digest is not None and (shape := self._shapes.get(digest)) is not None:
+            return torch.empty(shape, device="meta")
+        out = super().preprocess_video(video)
+        if digest is not None:
+            self._shapes[digest] = out.shape
+        return out
+
+
+def _processing(pipe: Cosmos3OmniPipeline) -> Any:
+    processor = pipe.video_processor
+    return processor.processing() if isinstance(processor, _ProbedShapes) else contextlib.nullcontext()
+
+
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
     """torch's intra-op thread count set to ``n`` inside, the caller's restored after."""
@@ -192,6 +241,13 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
     Pass the state as ``action.raw_actions`` of shape ``[1, dims]`` in policy mode.
     """
 
+    video_processor: VideoProcessor
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(self.video_processor, _ProbedShapes):  # diffusers' own, as its __init__ makes it
+            self.video_processor = _ProbedShapes(vae_scale_factor=self.vae_scale_factor_spatial, resample="bilinear")
+        return super().__call__(*args, **kwargs)
+
     def _vae_key(self) -> str:
         """A hash of the VAE's weights and config (the conditioning's memo key), computed once per pipeline. The folder
         it was loaded from (the config's ``_name_or_path``) is left out: a copy of the same source elsewhere (another
@@ -211,7 +267,8 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
         For a frame seen before, a meta tensor of the clip's shape stands for the clip: ``prepare_latents`` hands it
         to ``_encode_video`` alone, which returns the memoised encode (any other use of it fails)."""
         self._pending: tuple[torch.Tensor, tuple[Any, ...], _Conditioned] | None = None
-        digest = _clip_digest(conditioning_clip)
+        digest = (self.video_processor.digest(conditioning_clip) if isinstance(self.video_processor, _ProbedShapes)
+                  else _clip_digest(conditioning_clip))
         key = None if digest is None else (self._vae_key(), digest, int(resolution_tier), int(num_frames),
                                            str(torch.device(device)), str(dtype))
         if key is not None and key not in _CONDITIONED and (kept := _load_stored(key)) is not None:
@@ -220,7 +277,7 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
             stand_in = torch.empty(hit.shape, dtype=dtype, device="meta")
             self._pending = (stand_in, key, hit)
             return stand_in, hit.image_size.clone(), hit.height, hit.width
-        with torch_threads(getattr(self, "_caller_threads", torch.get_num_threads())):
+        with torch_threads(getattr(self, "_caller_threads", torch.get_num_threads())), _processing(self):
             frames, image_size, height, width = super()._prepare_action_video_conditioning(
                 conditioning_clip, resolution_tier, num_frames, device, dtype)
         if key is not None:
@@ -307,15 +364,13 @@ def rollout(pipe: JointPositionPolicyPipeline, obs: Observation, settings: Polic
             **pipe_kwargs: Any) -> np.ndarray:
     """One policy call: the ``[chunk, dims]`` action chunk for one observation (``pipe_kwargs`` go to the pipeline,
     e.g. its mixed-precision schedule)."""
-    from PIL import Image
-
     action = CosmosActionCondition(
         mode="policy",
         chunk_size=settings.chunk + 1,
         domain_name=settings.domain,
         resolution_tier=settings.resolution_tier,
         raw_actions=torch.tensor([obs.state[: settings.action_dims]], dtype=torch.float32),
-        image=Image.fromarray(obs.concat_view()),
+        image=obs.frame(),
         view_point="concat_view",
     )
     generator = torch.Generator("cpu").manual_seed(observation_seed(settings, obs))
