@@ -55,11 +55,13 @@ def test_a_memoised_conditioning_gives_the_bits_of_a_computed_one(tiny: Path, mo
     assert np.array_equal(_bits(again), _bits(computed))
 
 
-def test_a_seen_frame_is_probed_by_its_digest_and_decoded_once(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_seen_frame_is_probed_by_its_digest_and_decoded_once(tiny: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
     """The pipeline's probe of a frame seen before (diffusers preprocesses the whole clip for its height and width)
     is a meta tensor of the remembered shape, with the bits of the rollout that preprocessed it; the frame's PNGs
     are decoded once while they are unchanged."""
     monkeypatch.setattr(policy, "_CONDITIONED", {})
+    monkeypatch.setenv("RELEASE_CACHE", str(tmp_path))  # no conditioning kept by other tests
     settings = PolicySettings()
     obs = load_observations(tiny / "observations")[1]
     assert obs.frame() is obs.frame() and np.array_equal(np.asarray(obs.frame()), obs.concat_view())

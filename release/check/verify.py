@@ -136,8 +136,8 @@ def check_loadable(request: VerifyRequest) -> Check:
         transformer = deployed_transformer(request.folder) if every_step else load_build_transformer(request.folder)
         obs = split(load_observations(observations), request.release.calibration_labs)[0]
         pipe = load_pipeline(request.folder, request.release.policy, transformer=transformer)
-        return rollout(pipe, obs, request.release.policy, **({"mixed_precision_format": "none"} if every_step
-                                                             else {}))
+        kwargs: dict[str, Any] = {"mixed_precision_format": "none"} if every_step else {}
+        return rollout(pipe, obs, request.release.policy, **kwargs)
 
     try:
         actions = roll_out()

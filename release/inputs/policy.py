@@ -16,6 +16,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -117,6 +118,8 @@ def _clip_digest(clip: Any) -> str | None:
     from PIL import Image
 
     frames = clip if isinstance(clip, list) else [clip]
+    if len(frames) == 1 and isinstance(known := getattr(frames[0], "_release_digest", None), str):
+        return known  # an observation's frame (Observation.frame: decoded once, never changed), hashed before
     h = hashlib.sha256()
     for frame in frames:
         if isinstance(frame, Image.Image):
@@ -127,7 +130,17 @@ def _clip_digest(clip: Any) -> str | None:
             h.update(np.ascontiguousarray(frame).tobytes())
         else:
             return None
-    return h.hexdigest()
+    digest = h.hexdigest()
+    if len(frames) == 1 and isinstance(frames[0], Image.Image):
+        frames[0]._release_digest = digest  # type: ignore[attr-defined]
+    return digest
+
+
+def conditioned(pipe: JointPositionPolicyPipeline, obs: Observation) -> bool:
+    """Whether this process holds the conditioning of ``obs``'s frame for ``pipe``'s VAE (its rollout then skips
+    the encode)."""
+    digest, vae = _clip_digest(obs.frame()), pipe._vae_key()
+    return any(key[0] == vae and key[1] == digest for key in _CONDITIONED)
 
 
 class _ProbedShapes(VideoProcessor):
@@ -175,6 +188,19 @@ class _ProbedShapes(VideoProcessor):
 def _processing(pipe: Cosmos3OmniPipeline) -> Any:
     processor = pipe.video_processor
     return processor.processing() if isinstance(processor, _ProbedShapes) else contextlib.nullcontext()
+
+
+# How this thread runs a frame's conditioning on the caller's torch threads: rollouts in threads of their own
+# (``release.inputs.batched``) hand it to the thread that started them (``.run``), whose thread count is the caller's.
+CALLER = threading.local()
+
+
+def on_caller_threads(pipe: Cosmos3OmniPipeline, work: Callable[[], Any]) -> Any:
+    run = getattr(CALLER, "run", None)
+    if run is not None:
+        return run(work)
+    with torch_threads(getattr(pipe, "_caller_threads", torch.get_num_threads())):
+        return work()
 
 
 @contextmanager
@@ -244,9 +270,14 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
     video_processor: VideoProcessor
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if not isinstance(self.video_processor, _ProbedShapes):  # diffusers' own, as its __init__ makes it
-            self.video_processor = _ProbedShapes(vae_scale_factor=self.vae_scale_factor_spatial, resample="bilinear")
+        self.probed()
         return super().__call__(*args, **kwargs)
+
+    def probed(self) -> _ProbedShapes:
+        """The frame processor that remembers the probe's shapes, in place of diffusers' own (its __init__'s)."""
+        if not isinstance(self.video_processor, _ProbedShapes):
+            self.video_processor = _ProbedShapes(vae_scale_factor=self.vae_scale_factor_spatial, resample="bilinear")
+        return self.video_processor
 
     def _vae_key(self) -> str:
         """A hash of the VAE's weights and config (the conditioning's memo key), computed once per pipeline. The folder
@@ -277,9 +308,13 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
             stand_in = torch.empty(hit.shape, dtype=dtype, device="meta")
             self._pending = (stand_in, key, hit)
             return stand_in, hit.image_size.clone(), hit.height, hit.width
-        with torch_threads(getattr(self, "_caller_threads", torch.get_num_threads())), _processing(self):
-            frames, image_size, height, width = super()._prepare_action_video_conditioning(
-                conditioning_clip, resolution_tier, num_frames, device, dtype)
+        prepare = super()._prepare_action_video_conditioning
+
+        def conditioning() -> Any:
+            with _processing(self):
+                return prepare(conditioning_clip, resolution_tier, num_frames, device, dtype)
+
+        frames, image_size, height, width = on_caller_threads(self, conditioning)
         if key is not None:
             self._pending = (frames, key, _Conditioned(tuple(frames.shape), image_size.clone(), height, width))
         return frames, image_size, height, width
@@ -294,8 +329,8 @@ class JointPositionPolicyPipeline(Cosmos3OmniPipeline):
             return super()._encode_video(x)
         _, key, entry = pending
         if entry.latents is None:  # computed just now: encode it (on the caller's threads) and keep the encode
-            with torch_threads(getattr(self, "_caller_threads", torch.get_num_threads())):
-                entry.latents = super()._encode_video(x)
+            encode = super()._encode_video
+            entry.latents = on_caller_threads(self, lambda: encode(x))
             _remember(key, entry)
             _keep(key, entry)
         return entry.latents.clone()
@@ -359,11 +394,18 @@ def observation_seed(settings: PolicySettings, obs: Observation) -> int:
     return settings.noise_seed * 1_000_003 + obs.obs_id
 
 
+def one_thread(transformer: torch.nn.Module) -> bool:
+    """Whether rollouts of ``transformer`` run on one torch thread: a model this small on a CPU, whose operations are
+    too small to split (and whose bits do not depend on the thread count, tests/test_rollout.py)."""
+    return compute_device() == "cpu" and sum(p.numel() for p in transformer.parameters()) < ONE_THREAD_BELOW
+
+
 @torch.no_grad()
-def rollout(pipe: JointPositionPolicyPipeline, obs: Observation, settings: PolicySettings,
-            **pipe_kwargs: Any) -> np.ndarray:
+def rollout(pipe: JointPositionPolicyPipeline, obs: Observation, settings: PolicySettings, *,
+            threads: int | None = None, **pipe_kwargs: Any) -> np.ndarray:
     """One policy call: the ``[chunk, dims]`` action chunk for one observation (``pipe_kwargs`` go to the pipeline,
-    e.g. its mixed-precision schedule)."""
+    e.g. its mixed-precision schedule). ``threads``: the caller's torch threads, which a frame's VAE encode runs on
+    (default: the current count; ``release.inputs.batched`` passes its caller's from its rollouts' threads)."""
     action = CosmosActionCondition(
         mode="policy",
         chunk_size=settings.chunk + 1,
@@ -374,8 +416,8 @@ def rollout(pipe: JointPositionPolicyPipeline, obs: Observation, settings: Polic
         view_point="concat_view",
     )
     generator = torch.Generator("cpu").manual_seed(observation_seed(settings, obs))
-    small = compute_device() == "cpu" and sum(p.numel() for p in pipe.transformer.parameters()) < ONE_THREAD_BELOW
-    pipe._caller_threads = torch.get_num_threads()
+    small = one_thread(pipe.transformer)
+    pipe._caller_threads = threads or torch.get_num_threads()
     with torch_threads(1 if small else pipe._caller_threads):
         out = pipe(
             prompt=obs.instruction,

@@ -58,6 +58,7 @@ STORED_SCALES = "stored-scales/2"
 # diffusers' step policy off: a candidate runs W8A8 on every step (served: its StepSchedule's), the card's diffusers
 # setting. Since steps/1 fake-quant and deployed rollouts record each step's mode; those cached before are not reused.
 NATIVE_STEPS = {"mixed_precision_format": "none"}
+PACK = 16  # observations per packed rollout on the CPU: 1.4x a lone fake-quant rollout's speed (BENCHMARKS.md)
 STEPS_RECORDED = "steps/1"
 
 
@@ -162,16 +163,20 @@ def _rollout_paths(request: EvalRequest, label: str, observations: list[Observat
 
 
 def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], torch.nn.Module | None],
-             observations: list[Observation], seeds: list[int], pipe_kwargs: dict[str, Any]) -> np.ndarray:
+             observations: list[Observation], seeds: list[int], pipe_kwargs: dict[str, Any],
+             packable: bool = False) -> np.ndarray:
     """[N, chunk, dims] actions, one rollout per (observation, seed); cached per item so a run resumes. Under
     torchrun each rank rolls out its share of the missing items, then every rank reads them all. On a GPU each
     rollout's latency and peak memory are kept beside its actions (``performance`` reads them). The BF16 source, the
     fake-quant replay and a deployed build with ModelOpt's FP8 GEMM run their decoder stacks as CUDA graphs on a
-    GPU (``release.inputs.graphs``), each rollout's record saying whether it did."""
+    GPU (``release.inputs.graphs``), each rollout's record saying whether it did. ``packable`` (BF16 eager and the
+    fake-quant replay): a tiny model on a CPU rolls out PACK observations at a time with their transformer calls
+    packed into one, the same bits as one at a time (``release.inputs.batched``)."""
     from release.core.device import free_memory
     from release.core.distributed import world
+    from release.inputs.batched import roll_out_packed
     from release.inputs.graphs import capturable, graph_decoder_stack
-    from release.inputs.policy import load_pipeline, rollout
+    from release.inputs.policy import load_pipeline, one_thread, rollout
 
     paths = _rollout_paths(request, label, observations, seeds)
     paths[0].parent.mkdir(parents=True, exist_ok=True)
@@ -191,25 +196,29 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
             gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
             resident = resident_bytes(pipe.transformer)  # its weight memory as loaded, on any device
             schedule = getattr(pipe.transformer, "step_schedule", None)  # a served build's W8A8 / W8A16 per step
-            for i in todo:
-                settings = request.release.policy.model_copy(update={"noise_seed": seeds[i]})
+            kwargs = pipe_kwargs if schedule is None else {**pipe_kwargs, **schedule.pipe_kwargs()}
+            settings = [request.release.policy.model_copy(update={"noise_seed": s}) for s in seeds]
+            pack = PACK if packable and gemms is None and schedule is None and one_thread(pipe.transformer) else 1
+            for group in [todo[k:k + pack] for k in range(0, len(todo), pack)]:
                 if gemms is not None:
                     gemms.shapes.clear()
-                kwargs = pipe_kwargs if schedule is None else {**pipe_kwargs, **schedule.pipe_kwargs()}
                 with stage(f"eval: rollouts {label.split(':')[0]}") as measure:
-                    actions = rollout(pipe, observations[i], settings, **kwargs)
-                write_json(paths[i].with_suffix(HOW), {
-                    **machine(), "kernel": None if gemms is None else gemms.kernel,
-                    "gemm_shapes": [] if gemms is None else sorted(gemms.shapes), "graphs": graphed,
-                    "weights_bytes": resident,
-                    **ran_steps(pipe, pipe_kwargs)})
-                if measure.peak_bytes is not None:  # before the actions: cached actions on a GPU have their figures
-                    write_json(paths[i].with_suffix(PERF), {"seconds": measure.seconds, "peak_bytes":
-                                                            measure.peak_bytes, "device": device_name(),
-                                                            "graphs": graphed})
-                with replacing(paths[i]) as file:
-                    np.save(file, actions)
-                bar.advance()
+                    done = roll_out_packed(pipe, [(observations[i], settings[i]) for i in group], rollout,
+                                           **kwargs) if pack > 1 else [(rollout(pipe, observations[group[0]],
+                                                                                settings[group[0]], **kwargs), pipe)]
+                for i, (actions, ran) in zip(group, done, strict=True):
+                    write_json(paths[i].with_suffix(HOW), {
+                        **machine(), "kernel": None if gemms is None else gemms.kernel,
+                        "gemm_shapes": [] if gemms is None else sorted(gemms.shapes), "graphs": graphed,
+                        "weights_bytes": resident,
+                        **ran_steps(ran, pipe_kwargs)})
+                    if measure.peak_bytes is not None:  # before the actions: cached actions on a GPU have theirs
+                        write_json(paths[i].with_suffix(PERF), {"seconds": measure.seconds, "peak_bytes":
+                                                                measure.peak_bytes, "device": device_name(),
+                                                                "graphs": graphed})
+                    with replacing(paths[i]) as file:
+                        np.save(file, actions)
+                    bar.advance()
         del pipe
         free_memory()  # before the next path's model is placed
     world().barrier()
@@ -372,14 +381,14 @@ def _candidate(request: EvalRequest, subject: Subject, label: str, obs: list[Obs
         make = functools.partial(served_transformer, subject.checkpoint, request.steps, request.release.policy.steps)
     else:
         make = functools.partial(deployed_transformer, subject.checkpoint)
-    return rollouts(request, label, make, obs, seeds, NATIVE_STEPS)
+    return rollouts(request, label, make, obs, seeds, NATIVE_STEPS, packable=request.path == "fakequant")
 
 
 def roll_out(request: EvalRequest, splits: list[str]) -> None:
     """The rollouts of BF16 and of each subject on the union of ``splits``, each model loaded once, into the cache;
     ``run_eval`` of each split then reads them (``release campaign``: a build's two splits from one load)."""
     obs, seeds = _series(request, splits)
-    rollouts(request, "bf16", lambda: None, obs, seeds, {})
+    rollouts(request, "bf16", lambda: None, obs, seeds, {}, packable=True)
     for subject in request.subjects:
         _candidate(request, subject, _label(request, subject), obs, seeds)
 
@@ -392,7 +401,7 @@ def run_eval(request: EvalRequest) -> list[Path]:
     obs, seeds = _series(request, [request.split])  # the observation set checked first
     sigma = action_sigma(request.observations, request.release.action_stats, request.release.policy.action_dims)
     labels = {s.build.name: _label(request, s) for s in request.subjects}  # before any model runs
-    reference = rollouts(request, "bf16", lambda: None, obs, seeds, {})
+    reference = rollouts(request, "bf16", lambda: None, obs, seeds, {}, packable=True)
     written = []
     for subject in request.subjects:
         label = labels[subject.build.name]
@@ -443,8 +452,8 @@ def run_yardsticks(request: EvalRequest, obs: list[Observation], reference: np.n
     few = obs[:n_obs]
     pairs = [o for o in few for _ in range(n_seeds)]
     other = [policy.noise_seed + 1 + k for _ in few for k in range(n_seeds)]
-    base = rollouts(request, "bf16", lambda: None, pairs, [policy.noise_seed] * len(pairs), {})
-    varied = rollouts(request, "bf16", lambda: None, pairs, other, {})
+    base = rollouts(request, "bf16", lambda: None, pairs, [policy.noise_seed] * len(pairs), {}, packable=True)
+    varied = rollouts(request, "bf16", lambda: None, pairs, other, {}, packable=True)
     save_results(out / f"seed-{request.split}.npz", base, varied, pairs, other, sigma,
                  computation(request, "bf16", pairs, other))
     return [out / f"compile-{request.split}.npz", out / f"seed-{request.split}.npz"]
