@@ -13,7 +13,7 @@ $(BIN)/python:
 # torch first, pinned, so that no dependency pulls a multi-GB CUDA build; everything else from the lock file.
 $(VENV)/.installed: $(BIN)/python pyproject.toml requirements.lock
 	$(BIN)/pip install --quiet -c requirements.lock torch==2.13.0
-	$(BIN)/pip install --quiet -c requirements.lock -e '.[test,autoround,lerobot,served]'
+	$(BIN)/pip install --quiet -c requirements.lock -e '.[test,autoround,lerobot,served,cluster]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -14,6 +14,7 @@ from release.cli.base import (
     BUILDS,
     DIST,
     ENVIRONMENT,
+    EXECUTOR,
     FORMAT,
     OBSERVATIONS,
     RESAMPLES,
@@ -86,16 +87,18 @@ def fixture(size: str, out: Path, seed: int, n_obs: int, heldout: int) -> None:
               help="The release's folder, a folder per build repo inside it (--out: the same, its older name).")
 @ALLOW_REVISION_MISMATCH
 @max_gpu_memory_option
+@EXECUTOR
 def build(names: tuple[str, ...], all_builds: bool, source: str | None, observations: Path | None,
-          out: Path, allow_revision_mismatch: bool, max_gpu_memory: str | None) -> None:
+          out: Path, allow_revision_mismatch: bool, max_gpu_memory: str | None, executor: str) -> None:
     """Quantize, export and record provenance for the named builds."""
     from release.core.memory import set_cap
+    from release.pipeline.spread import build_as_jobs
     from release.pipeline.sweep import run_builds
     from release.quantize.build import BuildRequest
 
     set_cap(max_gpu_memory)
-
-    if not run_builds(BuildRequest.create(names, all_builds, source, observations, out, allow_revision_mismatch)):
+    request = BuildRequest.create(names, all_builds, source, observations, out, allow_revision_mismatch)
+    if not (run_builds(request) if executor == "local" else build_as_jobs(request, executor, max_gpu_memory)):
         sys.exit(1)
 
 
@@ -110,8 +113,9 @@ def build(names: tuple[str, ...], all_builds: bool, source: str | None, observat
 @RESAMPLES
 @ALLOW_REVISION_MISMATCH
 @max_gpu_memory_option
+@EXECUTOR
 def campaign(source: str | None, observations: Path | None, dist: Path, keep_checkpoints: bool, baseline: str,
-             resamples: int, allow_revision_mismatch: bool, max_gpu_memory: str | None) -> None:
+             resamples: int, allow_revision_mismatch: bool, max_gpu_memory: str | None, executor: str) -> None:
     """The whole campaign in one resumable command: build, verify and evaluate the sweep; tables, selection, cards.
 
     Each build of the sweep is made, verified and evaluated as campaign.evals of release.yaml lists, then the tables,
@@ -122,7 +126,7 @@ def campaign(source: str | None, observations: Path | None, dist: Path, keep_che
 
     set_cap(max_gpu_memory)
     request = CampaignRequest.create(source, observations, dist, keep_checkpoints, baseline, resamples,
-                                     allow_revision_mismatch)
+                                     allow_revision_mismatch, executor=executor, max_gpu_memory=max_gpu_memory)
     cards, ok = run_campaign(request)
     for path in cards:
         click.echo(f"card: {path}")
@@ -184,18 +188,21 @@ def verify(names: tuple[str, ...], all_builds: bool, dist: Path, reference: str 
 @click.option("--external-title", default="published NVIDIA FP8", show_default=True,
               help="The row's title in the tables and cards.")
 @max_gpu_memory_option
+@EXECUTOR
 def eval_(names: tuple[str, ...], all_builds: bool, chosen: bool, path_: str, split: str, dist: Path,
           source: Path | None, w8a16_first: int | None, w8a16_last: int | None, observations: Path | None,
-          yardsticks: bool, external: str | None, external_title: str, max_gpu_memory: str | None) -> None:
+          yardsticks: bool, external: str | None, external_title: str, max_gpu_memory: str | None,
+          executor: str) -> None:
     """Replay the policy for BF16 and each build on the same seeds; store the action chunks."""
     from release.core.memory import set_cap
     from release.measure.evaluate import EvalRequest, describe, run_eval
+    from release.pipeline.spread import eval_as_jobs
 
     set_cap(max_gpu_memory)
 
     request = EvalRequest.create(names, path_, split, dist, source, observations, yardsticks, all_builds,
                                  external, external_title, (w8a16_first, w8a16_last), chosen=chosen)
-    for out in run_eval(request):
+    for out in run_eval(request) if executor == "local" else eval_as_jobs(request, executor, max_gpu_memory):
         click.echo(f"results: {out} ({describe(out)})")
 
 

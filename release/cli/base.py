@@ -199,6 +199,14 @@ BUILDS = click.option("--builds", type=click.Path(path_type=Path, file_okay=Fals
                       callback=_use_builds, help="Folder of build files (release.yaml and one file per build).")
 
 
+EXECUTOR = click.option(
+    "--executor", type=click.Choice(["local", "processes", "slurm"]), default="local", show_default=True,
+    help="Where the builds run: in this process; or each build as a submitit job, on SLURM ('slurm', release.yaml's "
+    "executor section) or as processes of this machine ('processes'), after one job for what they share (the "
+    "capture, the BF16 reference rollouts and yardsticks). The campaign's selection, chosen builds' evaluations and "
+    "cards run here.")
+
+
 def quiet_libraries() -> None:
     import logging
     import warnings

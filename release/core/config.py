@@ -22,6 +22,7 @@ from pydantic import (
 from release.core.errors import ReleaseError
 from release.core.rules import (
     Campaign,
+    Executor,
     Margin,
     Selection,
     Strict,
@@ -157,6 +158,7 @@ class ReleaseConfig(Strict):
     sweep: list[str] = Field([], description="the builds 'release build --all' makes, in the campaign's order "
                              "(default: every build file)")
     campaign: Campaign = Campaign()
+    executor: Executor = Executor()
     collection: Collection | None = Field(None, description="the Hub collection of the delivered repos that "
                                           "'release push' creates or updates (none without it)")
 

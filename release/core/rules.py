@@ -133,6 +133,21 @@ class CampaignEval(Strict):
         return self.builds == CHOSEN
 
 
+class Executor(Strict):
+    """How ``release campaign --executor slurm`` asks for its jobs (``processes`` uses ``timeout_min``, ``retries``
+    and ``max_jobs``): one node, one task and ``gpus_per_job`` GPUs per job, the rest as sbatch takes them."""
+
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    gpus_per_job: int = Field(1, ge=0)
+    cpus_per_job: int = Field(8, ge=1)
+    mem_gb: int | None = Field(None, ge=1, description="host memory per job; default: the partition's")
+    timeout_min: int = Field(240, ge=1, description="a job's time limit (minutes)")
+    retries: int = Field(2, ge=0, description="how often a failed or preempted job is submitted again")
+    max_jobs: int | None = Field(None, ge=1, description="jobs at once; default: every build of the sweep")
+
+
 class Campaign(Strict):
     """What ``release campaign`` evaluates after each build is made and verified (default: the selection's path and
     split, the least the selection needs), and the splits of its BF16 yardsticks (eager vs torch.compile, seed vs

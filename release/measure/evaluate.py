@@ -196,12 +196,13 @@ def rollouts(request: EvalRequest, label: str, make_transformer: Callable[[], to
             gemms = getattr(pipe.transformer, "gemm_record", None)  # a deployed build's kernel and GEMM shapes
             resident = resident_bytes(pipe.transformer)  # its weight memory as loaded, on any device
             schedule = getattr(pipe.transformer, "step_schedule", None)  # a served build's W8A8 / W8A16 per step
-            kwargs = pipe_kwargs if schedule is None else {**pipe_kwargs, **schedule.pipe_kwargs()}
             settings = [request.release.policy.model_copy(update={"noise_seed": s}) for s in seeds]
             pack = PACK if packable and gemms is None and schedule is None and one_thread(pipe.transformer) else 1
             for group in [todo[k:k + pack] for k in range(0, len(todo), pack)]:
                 if gemms is not None:
                     gemms.shapes.clear()
+                # a served build's schedule records the steps of one rollout (pack is 1 for it)
+                kwargs = pipe_kwargs if schedule is None else {**pipe_kwargs, **schedule.pipe_kwargs()}
                 with stage(f"eval: rollouts {label.split(':')[0]}") as measure:
                     done = roll_out_packed(pipe, [(observations[i], settings[i]) for i in group], rollout,
                                            **kwargs) if pack > 1 else [(rollout(pipe, observations[group[0]],

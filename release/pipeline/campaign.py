@@ -16,10 +16,13 @@ rollouts and the capture resume from their caches), and a changed input redoes w
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import shutil
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,7 @@ from release.inputs.source import SourceModel, remember_inputs
 from release.measure.evaluate import EvalRequest, Subject, roll_out, run_eval
 from release.measure.select import SelectRequest, delivery, run_select
 from release.measure.tables import TablesRequest, run_tables
+from release.pipeline.jobs import JOBS, Task, in_job, run_jobs, submitit_module
 from release.publish.card.render import CardRequest, render_cards
 from release.quantize.build import Builder, BuildRequest
 from release.quantize.recipes import ObserverPasses, observes_source
@@ -54,6 +58,7 @@ from release.quantize.recipes import ObserverPasses, observes_source
 JOURNAL = CAMPAIGN_JOURNAL
 JOURNAL_FORMAT = "release-campaign/1"
 REBUILD = ".campaign-rebuild"  # under DIST: where a dropped build is rebuilt before its bytes are compared
+PARTS = ".campaign-parts"  # under DIST: each build job's record while it runs, merged into the journal by the driver
 
 
 @dataclass(frozen=True)
@@ -62,16 +67,22 @@ class CampaignRequest:
     keep_checkpoints: bool
     baseline: str
     resamples: int
+    executor: str = "local"  # or "processes", "slurm": the sweep's builds as submitit jobs (release.pipeline.jobs)
+    max_gpu_memory: str | None = None  # --max-gpu-memory, which each job applies to itself
+    builds_folder: Path = field(default_factory=builds_dir)  # the build files the jobs read
 
     @classmethod
     def create(cls, source: str | None, observations: Path | None, dist: Path, keep_checkpoints: bool,
-               baseline: str, resamples: int, allow_revision_mismatch: bool = False) -> CampaignRequest:
+               baseline: str, resamples: int, allow_revision_mismatch: bool = False, *, executor: str = "local",
+               max_gpu_memory: str | None = None) -> CampaignRequest:
         request = BuildRequest.create((), True, source, observations, dist, allow_revision_mismatch)
         evals(request, request.builds[0])  # a release.yaml whose selection cannot be evaluated fails here
         for e in request.release.campaign.evals:
             for name in e.builds if isinstance(e.builds, list) else []:
                 load_build(name)  # a name without a build file is refused before any work
-        return cls(request, keep_checkpoints, baseline, resamples)
+        if executor != "local":
+            submitit_module()  # not installed: one line before any work
+        return cls(request, keep_checkpoints, baseline, resamples, executor, max_gpu_memory)
 
     @property
     def dist(self) -> Path:
@@ -108,21 +119,18 @@ class Journal:
     """``DIST/campaign.json``: per build, the key of its inputs and its finished steps (verified, evaluated under
     the key of :func:`evaluation_key`, dropped files), written atomically after each step."""
 
-    def __init__(self, request: BuildRequest) -> None:
-        self.path = request.out / JOURNAL
+    def __init__(self, request: BuildRequest, part: str | None = None) -> None:
+        """The journal of DIST; with ``part`` (a build job's), that build's record alone, kept in PARTS while the
+        job runs (it starts from the journal's record of that build)."""
+        self.path = request.out / JOURNAL if part is None else request.out / PARTS / f"{part}.json"
         release = request.release  # what a build depends on in release.yaml: the capture runs the policy's steps
         made_under = json_digest({"policy": release.policy.model_dump(), "calibration_labs": release.calibration_labs})
         self.inputs = (f"{request.identity.revision}|{observation_set_digest(request.observations)}|{__version__}|"
                        f"{made_under}")
-        doc: Any = {}
-        if self.path.is_file():
-            doc = parse_json(self.path.read_bytes(), str(self.path), "delete it to run the campaign from its start "
-                             "(finished builds are then verified again, rollouts come from the cache)")
-        builds = doc.get("builds") if isinstance(doc, dict) and doc.get("format") == JOURNAL_FORMAT else {}
-        if not isinstance(builds, dict) or not all(isinstance(v, dict) for v in builds.values()):
-            raise ReleaseError(f"{self.path}: field 'builds' must map build names to records; delete the file to run "
-                               "the campaign from its start")
-        self.builds: dict[str, dict[str, Any]] = builds
+        read = self.path if self.path.is_file() or part is None else request.out / JOURNAL
+        builds, jobs = _read_journal(read)
+        self.builds: dict[str, dict[str, Any]] = builds if part is None else {k: builds[k] for k in builds if k == part}
+        self.jobs: dict[str, dict[str, Any]] = jobs if part is None else {}  # job ids of the builds' running jobs
 
     def entry(self, build: BuildConfig) -> dict[str, Any]:
         """The build's record; a record of other inputs (another source, data, configuration or tool) is dropped."""
@@ -132,7 +140,23 @@ class Journal:
         return self.builds[build.name]
 
     def save(self) -> None:
-        write_json(self.path, {"format": JOURNAL_FORMAT, "builds": self.builds})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(self.path, {"format": JOURNAL_FORMAT, "builds": self.builds, **({"jobs": self.jobs} if self.jobs
+                                                                                     else {})})
+
+
+def _read_journal(path: Path) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    doc: Any = {}
+    if path.is_file():
+        doc = parse_json(path.read_bytes(), str(path), "delete it to run the campaign from its start (finished "
+                         "builds are then verified again, rollouts come from the cache)")
+    fields = doc if isinstance(doc, dict) and doc.get("format") == JOURNAL_FORMAT else {}
+    builds, jobs = fields.get("builds", {}), fields.get("jobs", {})
+    for name, value in (("builds", builds), ("jobs", jobs)):
+        if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+            raise ReleaseError(f"{path}: field '{name}' must map build names to records; delete the file to run the "
+                               "campaign from its start")
+    return builds, jobs
 
 
 def checkpoint_files(folder: Path) -> list[str]:
@@ -234,14 +258,37 @@ def _verified(verifier: Verifier, request: CampaignRequest, build: BuildConfig, 
                                          require_reference=False, at=at))
 
 
+@contextmanager
+def _one_driver(dist: Path) -> Iterator[None]:
+    """Hold DIST for this campaign: a second ``release campaign`` on it (on any machine that shares it) is refused
+    while this one runs. The lock is on the folder itself (``flock``): nothing is left behind."""
+    dist.mkdir(parents=True, exist_ok=True)
+    fd = os.open(dist, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ReleaseError(f"{dist}: another 'release campaign' is running on this dist; wait for it to end (or "
+                               "stop it) and rerun") from None
+        yield
+    finally:
+        os.close(fd)
+
+
 def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
     """The campaign (module docstring), in the order a decision needs: builds and their evaluations, tables, the
     selection, the evaluations of the chosen builds (``builds: chosen``: the deployed path of what the cards
     recommend), tables and selection again on the complete results, then the cards. Returns the cards written and
-    whether every build passed its verification."""
+    whether every build passed its verification. With ``executor`` processes or slurm the sweep's builds are jobs
+    (:func:`_sweep_as_jobs`) and the rest runs here, as in one process."""
+    with _one_driver(request.dist):
+        return _campaign(request)
+
+
+def _campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
     b, dist = request.build, request.dist
     journal = Journal(b)
-    ok = _sweep(request, journal)
+    ok = _sweep(request, journal) if request.executor == "local" else _sweep_as_jobs(request, journal)
     remember_inputs(dist, b.source, b.observations)  # verify and eval on this dist find them without the options
     delivered: list[str] = []
     for _ in range(len(b.builds) + 1):  # until the choice holds on the complete results (the rule may score them)
@@ -259,47 +306,132 @@ def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
 
 
 def _sweep(request: CampaignRequest, journal: Journal) -> bool:
-    """Each build of the sweep made, verified and evaluated in turn (the verification reference first). The weights
-    of a build this run put in place are dropped once it is evaluated unless it is kept (:func:`_kept`); those a
-    resumed or repeated run finds in place stay until the selection has chosen (a finished campaign's rerun, or one
-    after an edit of the evaluations, keeps the delivered builds whole). Whether every build passed."""
-    b, dist = request.build, request.dist
-    kept = _kept(request)
-    builder: Builder | None = None
-    verifier: Verifier | None = None
-    ok = True
+    """Each build of the sweep made, verified and evaluated in turn (the verification reference first), after the
+    yardsticks. Whether every build passed."""
     _yardsticks(request)
-    builds = sorted(b.builds, key=lambda x: x.name != REFERENCE_BUILD)
-    observed = ObserverPasses(x.calibrator for x in builds if observes_source(x))
+    builds = _order(request.build.builds)
+    sweep = _Sweep(request, journal, ObserverPasses(x.calibrator for x in builds if observes_source(x)))
+    ok = True
     with progress("campaign: builds", len(builds)) as bar:
         for build in builds:
-            entry, folder = journal.entry(build), dist / build.repo
-            made = False
-            if "verified" not in entry:
-                if _built(folder, build, b):
-                    verifier = verifier or Verifier(builder.source if builder is not None else None)
-                    entry["verified"] = _verified(verifier, request, build)
-                else:  # verified before it is put in place, as by 'release build'
-                    builder = builder or Builder.prepare(b)
-                    verifier = verifier or Verifier(builder.source)
-                    entry["verified"] = bool(builder.make(build, observed,
-                                                          functools.partial(_verified, verifier, request, build)))
-                    made = True
-                journal.save()
-            wanted = evals(b, build)
-            key = evaluation_key(b.release, wanted)
-            if entry["verified"] and entry.get("evaluated") != key:
-                if entry.get("dropped"):  # evaluated again (an edited release.yaml): its weights put back first
-                    restore_checkpoints(request, [build], journal)
-                    made = True
-                _evaluate(request, build, wanted, builder.source if builder is not None else None)
-                entry["evaluated"] = key
-                journal.save()
-            ok &= entry["verified"]
-            if made and (build.name not in kept or not entry["verified"]) and not request.keep_checkpoints:
-                drop_checkpoint(folder, entry, journal)
+            ok &= sweep.step(build)
             bar.advance()
     return ok
+
+
+def _order(builds: list[BuildConfig]) -> list[BuildConfig]:
+    return sorted(builds, key=lambda x: x.name != REFERENCE_BUILD)
+
+
+@dataclass
+class _Sweep:
+    """What the builds made in one process share: the source loaded once, the verifier, the observer passes."""
+
+    request: CampaignRequest
+    journal: Journal
+    observed: ObserverPasses
+    builder: Builder | None = None
+    verifier: Verifier | None = None
+
+    def step(self, build: BuildConfig) -> bool:
+        """The build made (or found) and verified, then evaluated. The weights of a build this step put in place are
+        dropped once it is evaluated unless it is kept (:func:`_kept`); those a resumed or repeated run finds in
+        place stay until the selection has chosen (a finished campaign's rerun, or one after an edit of the
+        evaluations, keeps the delivered builds whole). Whether it passed its verification."""
+        request, journal, b = self.request, self.journal, self.request.build
+        entry, folder = journal.entry(build), request.dist / build.repo
+        made = False
+        if "verified" not in entry:
+            if _built(folder, build, b):
+                self.verifier = self.verifier or Verifier(self.builder.source if self.builder is not None else None)
+                entry["verified"] = _verified(self.verifier, request, build)
+            else:  # verified before it is put in place, as by 'release build'
+                self.builder = self.builder or Builder.prepare(b)
+                self.verifier = self.verifier or Verifier(self.builder.source)
+                entry["verified"] = bool(self.builder.make(build, self.observed, functools.partial(
+                    _verified, self.verifier, request, build)))
+                made = True
+            journal.save()
+        wanted = evals(b, build)
+        key = evaluation_key(b.release, wanted)
+        if entry["verified"] and entry.get("evaluated") != key:
+            if entry.get("dropped"):  # evaluated again (an edited release.yaml): its weights put back first
+                restore_checkpoints(request, [build], journal)
+                made = True
+            _evaluate(request, build, wanted, self.builder.source if self.builder is not None else None)
+            entry["evaluated"] = key
+            journal.save()
+        if made and (build.name not in _kept(request) or not entry["verified"]) and not request.keep_checkpoints:
+            drop_checkpoint(folder, entry, journal)
+        return bool(entry["verified"])
+
+
+def _finished(b: BuildRequest, build: BuildConfig, entry: dict[str, Any]) -> bool:
+    """Whether a build's step is done: verified, and failed or evaluated under the current evaluations."""
+    return "verified" in entry and (not entry["verified"] or entry.get("evaluated") == evaluation_key(
+        b.release, evals(b, build)))
+
+
+def prepare_job(request: CampaignRequest) -> None:
+    """The first job of ``--executor processes|slurm``: the BF16 yardsticks and the calibration capture, into the
+    dist and the shared cache (RELEASE_CACHE) where the build jobs find them."""
+    in_job(request.builds_folder, request.max_gpu_memory)
+    _yardsticks(request)
+    Builder.prepare(request.build)
+
+
+def build_job(request: CampaignRequest, name: str) -> dict[str, Any]:
+    """A build job of ``--executor processes|slurm``: the step of :class:`_Sweep` for one build, as in one process,
+    its record kept in PARTS while it runs (a job submitted again resumes from it); returns the record."""
+    in_job(request.builds_folder, request.max_gpu_memory)
+    build = next(x for x in request.build.builds if x.name == name)
+    journal = Journal(request.build, part=name)
+    _Sweep(request, journal, ObserverPasses([build.calibrator] if observes_source(build) else [])).step(build)
+    return journal.entry(build)
+
+
+def _sweep_as_jobs(request: CampaignRequest, journal: Journal) -> bool:
+    """The sweep as submitit jobs: the capture and yardsticks first, then the verification reference (when the
+    fixture has none), then every other unfinished build at once (up to ``executor.max_jobs``). Each finished
+    build's record is merged into the journal in the sweep's order, as one process writes it; the job ids are kept
+    in the journal until their jobs end, so that a driver started again waits on the jobs still running."""
+    b, dist = request.build, request.dist
+    builds = _order(b.builds)
+    for build in builds:
+        journal.entry(build)  # the records in the sweep's order
+    todo = [x for x in builds if not _finished(b, x, journal.entry(x))]
+    reference = [x for x in todo if x.name == REFERENCE_BUILD and fixture_reference(b.source) is None]
+    stages = [[Task("prepare", prepare_job, (request,))]] if todo else []
+    stages += [[Task(x.name, build_job, (request, x.name)) for x in group]
+               for group in (reference, [x for x in todo if x not in reference]) if group]
+    attached = {name: str(record.get("id")) for name, record in journal.jobs.items()}
+
+    def submitted(name: str, job_id: str | None) -> None:
+        if job_id is None:
+            journal.jobs.pop(name, None)
+        else:
+            journal.jobs[name] = {"id": job_id}
+        journal.save()
+
+    def done(name: str, record: Any) -> None:
+        if isinstance(record, dict):  # a build's record (the prepare job returns none)
+            journal.builds[name] = record
+            journal.save()
+            (dist / PARTS / f"{name}.json").unlink(missing_ok=True)
+
+    with progress("campaign: build jobs", len(todo)) as bar:
+        def finished(name: str, record: Any) -> None:
+            done(name, record)
+            if name != "prepare":
+                bar.advance()
+
+        for stage_tasks in stages:
+            run_jobs(request.executor, b.release.executor, dist / JOBS, stage_tasks, attached, submitted, finished)
+    journal.jobs.clear()
+    journal.save()
+    if (dist / PARTS).is_dir() and not any((dist / PARTS).iterdir()):
+        (dist / PARTS).rmdir()
+    return all(bool(journal.entry(x).get("verified")) for x in builds)
 
 
 def _deliver(request: CampaignRequest, journal: Journal, builds: list[BuildConfig]) -> None:
