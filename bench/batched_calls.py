@@ -28,79 +28,16 @@ import argparse
 import functools
 import json
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from release.core.builds import load_build, load_release
+from release.inputs.batched import attention_per_observation, pack
 from release.inputs.observations import load_observations
 from release.inputs.policy import capture_calls, load_pipeline, rollout
-
-PER_ITEM = ("vision_tokens", "vision_token_shapes", "vision_noisy_frame_indexes", "action_tokens",
-            "action_token_shapes", "action_noisy_frame_indexes", "action_domain_ids")
-PER_TOKEN = ("vision_timesteps", "action_timesteps")
-INDEXES = ("text_indexes", "vision_sequence_indexes", "vision_mse_loss_indexes", "action_sequence_indexes",
-           "action_mse_loss_indexes")
-
-
-def pack(calls: list[dict[str, Any]]) -> tuple[dict[str, Any], list[tuple[int, int]]]:
-    """One transformer call for several observations' calls: [und_1 .. und_N, gen_1 .. gen_N], and the (und, gen)
-    lengths of each observation (the attention's segments)."""
-    segments = [(c["und_len"], c["sequence_length"] - c["und_len"]) for c in calls]
-    und_total = sum(u for u, _ in segments)
-    out: dict[str, Any] = {k: v for k, v in calls[0].items() if v is None or k == "return_dict"}
-    out.update(und_len=und_total, sequence_length=sum(u + g for u, g in segments))
-    positions = torch.empty(calls[0]["position_ids"].shape[0], out["sequence_length"],
-                            dtype=calls[0]["position_ids"].dtype, device=calls[0]["position_ids"].device)
-    remapped: dict[str, list[torch.Tensor]] = {k: [] for k in INDEXES}
-    und_off, gen_off = 0, und_total
-    for call, (und, gen) in zip(calls, segments, strict=True):
-        def remap(idx: torch.Tensor, und: int = und, und_off: int = und_off, gen_off: int = gen_off) -> torch.Tensor:
-            return torch.where(idx < und, und_off + idx, gen_off + idx - und)
-
-        positions[:, remap(torch.arange(und + gen, device=positions.device))] = call["position_ids"]
-        for k in INDEXES:
-            remapped[k].append(remap(call[k]))
-        und_off, gen_off = und_off + und, gen_off + gen
-    out["position_ids"] = positions
-    out.update({k: torch.cat(v) for k, v in remapped.items()})
-    out["input_ids"] = torch.cat([c["input_ids"] for c in calls])
-    out.update({k: torch.cat([c[k] for c in calls]) for k in PER_TOKEN})
-    out.update({k: [item for c in calls for item in c[k]] for k in PER_ITEM})
-    return out, segments
-
-
-@contextmanager
-def attention_per_observation(segments: list[tuple[int, int]]) -> Iterator[None]:
-    """diffusers' Cosmos3 attention processor unchanged, its attention function called once per observation: the
-    causal text pass on each text prefix, the full pass of each observation's generation tokens over its own text
-    and generation keys."""
-    import diffusers.models.transformers.transformer_cosmos3 as cosmos3
-
-    original = cosmos3.dispatch_attention_fn
-    und_total = sum(u for u, _ in segments)
-
-    def split(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool, **kw: Any) -> torch.Tensor:
-        outs, u0, g0 = [], 0, 0
-        for und, gen in segments:
-            if is_causal:
-                sl = slice(u0, u0 + und)
-                outs.append(original(q[:, sl], k[:, sl], v[:, sl], is_causal=True, **kw))
-            else:
-                keys = torch.cat([torch.arange(u0, u0 + und, device=k.device),
-                                  torch.arange(und_total + g0, und_total + g0 + gen, device=k.device)])
-                outs.append(original(q[:, g0:g0 + gen], k[:, keys], v[:, keys], is_causal=False, **kw))
-            u0, g0 = u0 + und, g0 + gen
-        return torch.cat(outs, dim=1)
-
-    cosmos3.dispatch_attention_fn = split
-    try:
-        yield
-    finally:
-        cosmos3.dispatch_attention_fn = original
 
 
 def outputs(result: Any) -> list[list[torch.Tensor]]:

@@ -24,6 +24,19 @@ def _bits(actions: list[np.ndarray]) -> list[bytes]:
     return [a.tobytes() for a in actions]
 
 
+def _counted(pipe: Any, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """From now on, the observations in each call of the transformer's own forward."""
+    calls: list[int] = []
+    forward = type(pipe.transformer).forward
+
+    def counted(self: Any, **kw: Any) -> Any:
+        calls.append(len(kw["vision_tokens"]))
+        return forward(self, **kw)
+
+    monkeypatch.setattr(type(pipe.transformer), "forward", counted)
+    return calls
+
+
 @pytest.mark.parametrize("path", ["bf16", "fakequant"])
 def test_packed_rollouts_are_the_lone_ones_bit_for_bit(path: str, tiny: Path, rtn_build: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,14 +46,7 @@ def test_packed_rollouts_are_the_lone_ones_bit_for_bit(path: str, tiny: Path, rt
     observations = load_observations(tiny / "observations")[:5]
     seeds = [settings.model_copy(update={"noise_seed": k % 2}) for k in range(5)]
     lone = [rollout(pipe, o, s) for o, s in zip(observations, seeds, strict=True)]
-    calls: list[int] = []
-    forward = type(pipe.transformer).forward
-
-    def counted(self: Any, **kw: Any) -> Any:
-        calls.append(len(kw["vision_tokens"]))
-        return forward(self, **kw)
-
-    monkeypatch.setattr(type(pipe.transformer), "forward", counted)
+    calls = _counted(pipe, monkeypatch)
     threads = torch.get_num_threads()
     packed = roll_out_packed(pipe, list(zip(observations, seeds, strict=True)), rollout)
     assert _bits([a for a, _ in packed]) == _bits(lone)
@@ -103,14 +109,7 @@ def test_a_frame_not_seen_before_is_rolled_out_alone_with_its_encode(tiny: Path,
                                                  if k[1] != policy._clip_digest(observations[0].frame())})
     monkeypatch.setenv("RELEASE_CACHE", str(tmp_path))  # nor kept on disk
     assert not policy.conditioned(pipe, observations[0]) and policy.conditioned(pipe, observations[1])
-    calls: list[int] = []
-    forward = type(pipe.transformer).forward
-
-    def counted(self: Any, **kw: Any) -> Any:
-        calls.append(len(kw["vision_tokens"]))
-        return forward(self, **kw)
-
-    monkeypatch.setattr(type(pipe.transformer), "forward", counted)
+    calls = _counted(pipe, monkeypatch)
     got = roll_out_packed(pipe, [(o, settings) for o in observations], rollout)
     assert _bits([a for a, _ in got]) == _bits(want)
     assert calls == [1] * 2 * settings.steps + [3] * 2 * settings.steps  # the new frame alone, then the others

@@ -5,7 +5,7 @@ diffusers' Cosmos3 pipeline runs one sample per call, and its transformer one pa
 pipeline per observation, each in a thread of its own, and :class:`_Lockstep` stands in for the transformer's
 forward: when every running rollout has made its next call, the calls are packed into one sequence (the text
 prefixes first, then the generation tokens, every index and position remapped) and run once, with diffusers' own
-attention function called once per observation on that observation's tokens (:func:`_attention_per_observation`),
+attention function called once per observation on that observation's tokens (:func:`attention_per_observation`),
 so each observation's attention is its unbatched one and only the Linears, norms and MLPs see all of them at once.
 
 On a CPU every output is bit-equal to the observation's lone call (``bench/batched_calls.py``;
@@ -73,7 +73,7 @@ def pack(calls: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], list[tuple[in
 
 
 @contextlib.contextmanager
-def _attention_per_observation(segments: list[tuple[int, int]]) -> Iterator[None]:
+def attention_per_observation(segments: list[tuple[int, int]]) -> Iterator[None]:
     """diffusers' Cosmos3 attention processor unchanged, its attention function called once per observation: the
     causal text pass on each text prefix, the full pass of each observation's generation tokens over its own text
     and generation keys."""
@@ -140,7 +140,7 @@ class _Lockstep:
         calls = [self.pending.pop(i) for i in order]
         try:
             call, segments = pack(calls)
-            with _attention_per_observation(segments):
+            with attention_per_observation(segments):
                 vision, sound, action = self.forward(**call)
             outs: list[Any] = [([vision[k]], sound, [action[k]]) for k in range(len(order))]
         except Exception as exc:  # every waiting rollout fails with it
