@@ -81,6 +81,12 @@ def test_the_sbatch_script_carries_the_executor_section(tmp_path: Path, monkeypa
         "python", "uid")
 
 
+def test_slurm_without_srun_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no srun
+    with pytest.raises(ReleaseError, match="--executor slurm: no 'srun' on this machine's PATH"):
+        make_executor("slurm", Executor(), tmp_path / "jobs", "release-rtn")
+
+
 def test_a_second_driver_on_the_same_dist_is_refused(small: Path, narrowed: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     dist = tmp_path / "dist"

@@ -11,6 +11,7 @@ job's controller outlives the driver that started it) and its result file.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -61,6 +62,9 @@ def make_executor(kind: str, settings: Executor, folder: Path, name: str) -> Any
         local = submitit.LocalExecutor(folder=folder)
         local.update_parameters(timeout_min=settings.timeout_min, gpus_per_node=0)
         return local
+    if shutil.which("srun") is None:  # submitit's own check, as a one-line error
+        raise ReleaseError("--executor slurm: no 'srun' on this machine's PATH; run the driver on a SLURM login or "
+                           "compute node, or use --executor processes or local")
     slurm = submitit.SlurmExecutor(folder=folder, max_num_timeout=settings.retries)
     given = {"partition": settings.partition, "account": settings.account, "qos": settings.qos,
              "mem": None if settings.mem_gb is None else f"{settings.mem_gb}GB"}
