@@ -155,3 +155,31 @@ def test_a_circle_within_a_floor_is_caught(tree: Path) -> None:
     edges = graph(tree)
     assert upward(edges) == []
     assert circles(edges) == [["release.core.io", "release.core.paths"]]
+
+
+def modelopt_imports_unguarded(root: Path = PACKAGE) -> list[str]:
+    """Functions that import ModelOpt without calling ``modelopt_imported()`` before (release.core.device: the first
+    import of ModelOpt in a process must not run on the caller's stack)."""
+    found = []
+    for name, path in modules(root).items():
+        for fn in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef) or fn.name == "modelopt_imported":
+                continue
+            lines = [n.lineno for n in ast.walk(fn)
+                     if (isinstance(n, ast.Import) and any(a.name.split(".")[0] == "modelopt" for a in n.names))
+                     or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "modelopt")]
+            guards = [n.lineno for n in ast.walk(fn) if isinstance(n, ast.Call)
+                      and isinstance(n.func, ast.Name) and n.func.id == "modelopt_imported"]
+            if lines and not (guards and min(guards) < min(lines)):
+                found.append(f"{name}.{fn.name}")
+    return found
+
+
+def test_every_import_of_modelopt_is_guarded() -> None:
+    assert modelopt_imports_unguarded() == []
+
+
+def test_an_unguarded_import_of_modelopt_is_caught(tree: Path) -> None:
+    (tree / "quantize/build.py").write_text("def make():\n    import modelopt.torch.quantization\n")
+    (tree / "quantize/load.py").write_text("def load():\n    modelopt_imported()\n    import modelopt\n")
+    assert modelopt_imports_unguarded(tree) == ["release.quantize.build.make"]

@@ -4,6 +4,8 @@ accelerate's hooks) builds and evaluates exactly what an uncapped one does."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -196,3 +198,29 @@ def test_a_build_holds_one_copy_of_the_model_at_a_time(tiny: Path, tmp_path: Pat
     assert alive_at_load == [False]  # one capture pipeline, collected
     [(same, weights, devices)] = shared
     assert weights > 28 and same == weights and devices == {"meta"}
+
+
+LEAK = """
+import gc, sys, weakref
+from release.core.device import modelopt_imported
+class Held: pass
+def caller(guarded):
+    held = Held()  # a build's model, in the frame of the call that first imports ModelOpt
+    if guarded:
+        modelopt_imported()
+    import modelopt.torch.quantization
+    return weakref.ref(held)
+ref = caller(sys.argv[1] == "guarded")
+gc.collect()
+print("alive" if ref() is not None else "freed")
+"""
+
+
+@pytest.mark.parametrize("how, held", [("plain", "alive"), ("guarded", "freed")])
+def test_the_first_import_of_modelopt_keeps_nothing_of_its_caller(how: str, held: str) -> None:
+    """The first ModelOpt import of a process, made plainly inside a function, keeps that function's locals alive
+    for the process's life (pulp's cached import errors hold the frames: a campaign under a cap kept its first
+    build's model on the GPU); made through ``modelopt_imported()``, it keeps nothing. Fresh processes: the first
+    import is the one that counts."""
+    out = subprocess.run([sys.executable, "-c", LEAK, how], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [held], out.stderr[-2000:]

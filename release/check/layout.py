@@ -20,6 +20,7 @@ from release.check.report import (
     may_follow_verification,
     status_of,
 )
+from release.core.device import modelopt_imported
 from release.core.errors import ReleaseError
 from release.core.io import parse_json
 from release.inputs.reference import (
@@ -317,6 +318,7 @@ def check_modelopt_states(folder: Path, reference: Path, scheme: str = "fp8_w8a8
     (``FP8_DEFAULT_CFG``'s, the build's own): they are left out, and so are the entries of quantizers disabled on
     both sides (``FP8_DEFAULT_CFG`` sets the FP8 format on quantizers it then disables); every other entry is
     compared."""
+    modelopt_imported()
     import modelopt.torch.quantization  # noqa: F401  (registers ModelOpt's classes for weights_only loading)
 
     from release.quantize.recipes import per_channel

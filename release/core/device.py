@@ -1,10 +1,13 @@
-"""Where models run (``RELEASE_DEVICE``), freeing what a dropped model held there, and torch's default dtype kept
-across a load."""
+"""Where models run (``RELEASE_DEVICE``), freeing what a dropped model held there (and ModelOpt imported so that it
+holds nothing), and torch's default dtype kept across a load."""
 
 from __future__ import annotations
 
 import gc
+import importlib
 import os
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -13,6 +16,7 @@ import torch
 from release.core.errors import ReleaseError
 
 DEVICE_ENV = "RELEASE_DEVICE"
+MODELOPT = "modelopt.torch.quantization"  # imports modelopt.torch, and pulp with it
 
 
 def compute_device() -> str:
@@ -32,6 +36,31 @@ def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def modelopt_imported() -> None:
+    """ModelOpt imported, the first time on a thread of its own; every function that imports it calls this first.
+
+    ModelOpt's import runs pulp's, whose solver classes keep the errors of their failed imports (``No module named
+    'cplex'``) with their tracebacks, and a traceback's frames chain up to the importing call's callers: imported in
+    a build, the build's model and everything its callers held lived as long as the process (in a campaign under
+    ``--max-gpu-memory``, the first build's GPU memory beside every later model). A thread's frames end at the
+    thread."""
+    if MODELOPT in sys.modules:
+        return
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            importlib.import_module(MODELOPT)
+        except BaseException as exc:  # raised again on the calling thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name=f"import {MODELOPT}")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from release.core.device import modelopt_imported
 from release.core.errors import ReleaseError
 
 CAP_ENV = "RELEASE_MAX_GPU_MEMORY"
@@ -183,6 +184,7 @@ def weights_of(name: str, model: torch.nn.Module, writeback: bool = False) -> It
     """The weights of the placed block holding module ``name`` materialised on the execution device, for code
     outside a forward; with ``writeback``, changed weights are written back to the offloaded copy (ModelOpt's context
     for accelerate's hooks). Without a placement, nothing to do."""
+    modelopt_imported()
     from modelopt.torch.quantization.utils import enable_weight_access_and_writeback
 
     if not is_placed(model):

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from release.core.device import modelopt_imported
 from release.core.io import canonical_modelopt_state, write_json
 
 REFERENCE_DIR = "reference"  # beside the fixture's source/ and observations/
@@ -63,6 +64,7 @@ TRANSFORMATIONS = (
 
 def reference_config() -> dict[str, Any]:
     """ModelOpt's FP8 per-tensor configuration, with NVIDIA's BF16 Linears left out."""
+    modelopt_imported()
     import modelopt.torch.quantization as mtq
 
     config: dict[str, Any] = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
@@ -73,6 +75,7 @@ def reference_config() -> dict[str, Any]:
 def write_reference(out: Path, source: Path, observations: Path, generator: str, revision: str) -> None:
     """Quantize ``source``'s transformer with :func:`reference_config`, max-calibrated on the BF16 policy's rollouts of
     the first calibration observations, and write it with ModelOpt's exporter into ``out`` laid out as a repo."""
+    modelopt_imported()
     import modelopt
     import modelopt.torch.opt as mto
     import modelopt.torch.quantization as mtq

@@ -15,6 +15,7 @@ import torch
 from release import __version__
 from release.core.builds import available_builds, load_build, load_release
 from release.core.config import BuildConfig, PolicySettings, ReleaseConfig, builds_dir
+from release.core.device import modelopt_imported
 from release.core.errors import ReleaseError
 from release.core.io import (
     atomic_dir,
@@ -280,6 +281,7 @@ class Builder:
         verification) runs on the finished folder before it is put in place, so that a kill during it leaves the old
         build whole; its answer is returned (None without one)."""
         import diffusers
+        modelopt_imported()
         import modelopt
 
         from release.inputs.policy import map_tensors

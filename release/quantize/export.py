@@ -26,6 +26,7 @@ import torch
 
 import release.inputs.policy  # noqa: F401  (sets diffusers up without progress bars)
 from release.core.config import BuildConfig
+from release.core.device import modelopt_imported
 from release.core.errors import ReleaseError
 from release.core.fp8 import serving_scale, weight_codes
 from release.core.io import canonical_modelopt_state, read_json, write_json
@@ -51,6 +52,7 @@ def nvidia_quantization_config(model: torch.nn.Module, build: BuildConfig) -> di
     """``quantization_config`` of ``transformer/config.json``: ModelOpt's own conversion of its export config
     (``convert_hf_quant_config_format``: ``quant_algo``, ``config_groups``, ``ignore``, ``producer``), the fields
     diffusers' ``NVIDIAModelOptConfig`` reads (``quant_type``, ``modelopt_config``) and the step policy."""
+    modelopt_imported()
     import modelopt
     from diffusers.pipelines.cosmos.mixed_precision import FIRST_LAST_N_FP8_POLICY
     from modelopt.torch.export.convert_hf_config import convert_hf_quant_config_format
@@ -86,6 +88,7 @@ def _export_model(quantized: Quantized, build: BuildConfig, source: SourceModel,
     replaced). The recipe's model is consumed: the new one takes over its tensors (one copy of the weights in
     memory, not two) and the recipe's are left on the meta device. Under a GPU memory cap the recipe's model leaves
     the GPU first, and the new one is kept in CPU memory, placed within the cap for its call."""
+    modelopt_imported()
     import modelopt.torch.quantization as mtq
 
     recipe = quantized.model
@@ -122,6 +125,7 @@ def export_build(quantized: Quantized, build: BuildConfig, source: SourceModel, 
     codes (:func:`_write_shards`: two builds with the same digest have byte-equal codes) and every static input
     amax (so that the card can say how two builds' activation calibrations differ).
     """
+    modelopt_imported()
     import modelopt.torch.opt as mto
     import modelopt.torch.quantization as mtq
     from huggingface_hub import split_torch_state_dict_into_shards

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import threading
 
+from release.core.device import modelopt_imported
 from release.core.output import info
 
 
 def _compile() -> None:
+    modelopt_imported()
     from modelopt.torch.quantization import extensions
 
     extensions.get_cuda_ext()  # each caches its module: later calls, ModelOpt's own included, return it at once

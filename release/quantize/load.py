@@ -22,7 +22,7 @@ import release.inputs.policy  # noqa: F401  (sets diffusers up without progress 
 from release.core import fp8
 from release.core.config import BuildConfig
 from release.core.conformance import EMULATION, MODELOPT, SCALED_MM
-from release.core.device import compute_device
+from release.core.device import compute_device, modelopt_imported
 from release.core.errors import ReleaseError
 from release.core.memory import keep_whole
 from release.core.provenance import read_provenance
@@ -51,6 +51,7 @@ def load_build_transformer(build_dir: Path) -> torch.nn.Module:
     the ``modelopt_state.pth`` of the folder given to ``from_pretrained`` (given a repo id and ``subfolder=``, it looks
     at the repo's root in the local cache instead). A Linear left holding FP8 weights without ModelOpt's quantizers
     is refused."""
+    modelopt_imported()
     import modelopt.torch.opt as mto
     from modelopt.torch.quantization.nn import QuantModule
 
@@ -116,6 +117,7 @@ def deployed_transformer(folder: Path, emulate: bool | None = None) -> torch.nn.
             module.forward = types.MethodType(fp8.per_tensor_forward, module)
     if not (emulate or rowwise):
         # ModelOpt 0.47 never imports its FP8 GEMM backend; importing it registers the kernel before the first call.
+        modelopt_imported()
         import modelopt.torch.quantization.backends.fp8_per_tensor_gemm  # noqa: F401
         # its first call caches the scales; later calls neither wait for the device nor copy from the host
         capturable(model)
@@ -133,6 +135,7 @@ def fakequant_transformer(source: Path, folder: Path, build: BuildConfig,
     from ``resident`` (``release campaign``'s source, already in memory) or else read from ``source``. Without a GPU
     memory cap the build's tensors are read straight onto the device and the model is made there: no 30 GB copy
     through the host per build."""
+    modelopt_imported()
     import modelopt.torch.quantization as mtq
     from safetensors.torch import load_file
 
@@ -191,6 +194,7 @@ def _lean(module: Any) -> None:
                   and not q.rotate_is_enabled and not q._if_calib and not q._use_constant_amax)
     if not (plain and fp8_inputs):
         return
+    modelopt_imported()
     from modelopt.torch.quantization import tensor_quant
 
     def quantize(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
@@ -214,6 +218,7 @@ def _plain(module: Any) -> None:
     """A ModelOpt Linear or Embedding whose quantizers are all off (a module the build keeps in BF16) called as the
     torch module it replaced: its quantizers would return their inputs as they are, and its weight is the stored one,
     without the Python of ModelOpt's wrapper on every call (12 of a tiny fake-quant rollout's 96 ms)."""
+    modelopt_imported()
     from modelopt.torch.quantization.nn import SequentialQuantizer, TensorQuantizer
 
     original = getattr(module, "original_cls", None)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from release.core.config import BuildConfig
+from release.core.device import modelopt_imported
 from release.core.errors import ReleaseError
 from release.core.fp8 import dequantize, weight_codes
 from release.core.memory import execution_device, state_dict
@@ -81,6 +82,7 @@ def quantize(model: torch.nn.Module, build: BuildConfig, calls: list[dict[str, A
     was made from; a weight step reads its starting weights there for the reconstruction error, smoothed as the
     recipe smoothed the model (:class:`_Start`), instead of copying the model's (30 GB to the CPU: 15-23 s of a Nano
     GPTQ build on an H200, BENCHMARKS.md)."""
+    modelopt_imported()
     import modelopt.torch.quantization as mtq
 
     ctx = Context(build, Quantized(model), calls, algorithm_calls)

@@ -14,6 +14,7 @@ import torch
 
 import release.inputs.policy  # noqa: F401  (sets diffusers up without progress bars)
 from release.core.config import BuildConfig
+from release.core.device import modelopt_imported
 from release.core.errors import ReleaseError
 from release.quantize.recipes import per_channel
 
@@ -116,6 +117,7 @@ def stoppable() -> Iterator[None]:
 def register_decoder_layers() -> None:
     """Tell ModelOpt's layer-by-layer calibration where the Cosmos3 decoder layers are (it finds those of Hugging
     Face language models only, and fails with "Could not find transformer layers" on a diffusers model)."""
+    modelopt_imported()
     from modelopt.torch.quantization.utils.layerwise_calib import LayerActivationCollector
 
     LayerActivationCollector.register_decoder_layer_support(is_cosmos3, _decoder_layers)

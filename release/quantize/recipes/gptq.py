@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from release.core.config import BuildConfig
+from release.core.device import modelopt_imported
 from release.quantize.recipes.base import Step
 
 # GPTQ trades weight error for output error, so its weights sit further from the source than round-to-nearest's
@@ -74,6 +75,7 @@ def fp8_scales(quantizer: Any, weight: torch.Tensor) -> tuple[torch.Tensor, torc
     amax (an amax at or below 2^-24 taken as 1): for a CUDA tensor its CUDA extension, where built, divides 448 by the
     amax; its eager path (a CPU tensor, or no extension) multiplies the amax's reciprocal by 448 (Python's
     ``448.0 / tensor``), which can differ in the last bit (``scaled_e4m3_impl`` chooses the same way)."""
+    modelopt_imported()
     from modelopt.torch.quantization.extensions import get_cuda_ext_fp8
 
     amax = quantizer.amax.float()
@@ -175,6 +177,7 @@ def grouped(model: torch.nn.Module, forward_loop: Callable[[torch.nn.Module], No
     inputs are those of ModelOpt's single pass: the Linears before a group are unchanged when its pass runs, and those
     after it do not reach its inputs. A model whose Hessians fit one group, or a decoder layer of ModelOpt's
     layer-by-layer calibration, runs ModelOpt's ``gptq`` itself."""
+    modelopt_imported()
     from modelopt.torch.quantization import model_calib as mc
 
     from release.quantize.recipes.base import StopForward, is_cosmos3
@@ -227,6 +230,7 @@ def faster_update() -> Iterator[None]:
     its column loop run by the fused kernel or with :class:`Columns`, and without its per-Linear log of the
     Hessian-weighted error (two products of the weight and the Hessian, only printed, and the build silences
     ModelOpt's output: 7.2 s of the Nano's GPTQ build on an H200), for the duration."""
+    modelopt_imported()
     from modelopt.torch.quantization.mode import GPTQModeDescriptor
     from modelopt.torch.quantization.utils import calib_utils
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from release.core.config import Calibrator
+from release.core.device import modelopt_imported
 from release.core.profile import stage
 from release.quantize.recipes.base import FiniteCheck, input_hooks, is_cosmos3
 
@@ -89,6 +90,7 @@ class Observer:
             prev = self.ema.get(name)
             self.ema[name] = cur if prev is None else prev + self.calibrator.momentum * (cur - prev)
         elif method == "histogram":
+            modelopt_imported()
             from modelopt.torch.quantization.calib import HistogramCalibrator
 
             if name not in self.hist:
@@ -144,6 +146,7 @@ def observed_layers() -> Iterator[None]:
     ModelOpt's weight calibration, and every other algorithm (GPTQ layer by layer) runs as it is. On a Cosmos3 model
     each next layer's inputs are the calibrated layer's outputs on its own inputs (:func:`_next_layer_inputs`), where
     ModelOpt runs every call through the model up to the next layer again, for each layer."""
+    modelopt_imported()
     from modelopt.torch.quantization import mode, model_calib
     from modelopt.torch.quantization.utils.layerwise_calib import LayerActivationCollector
 
@@ -195,6 +198,7 @@ def _next_layer_inputs(layer: torch.nn.Module) -> list[Any]:
 def _observe_replay(layer: torch.nn.Module, replay: Callable[[torch.nn.Module], None]) -> None:
     """Replay a layer's inputs with its quantizers bypassed and set each static input quantizer's amax to the max |x|
     its Linear saw (ModelOpt's calibrators, which saw nothing, then leave it)."""
+    modelopt_imported()
     from modelopt.torch.quantization.nn import TensorQuantizer
 
     names = [n for n, m in layer.named_modules() if getattr(getattr(m, "input_quantizer", None), "is_enabled", False)

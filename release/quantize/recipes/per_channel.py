@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from release.core.device import modelopt_imported
+
 SCHEME = "fp8_per_channel_per_token"
 QUANT_ALGO = "FP8_PER_CHANNEL_PER_TOKEN"
 WEIGHT_CFG = {"num_bits": (4, 3), "axis": 0}
@@ -24,6 +26,7 @@ ROW_SCALED = ("weight_scale", "weight_quantizer._amax", "weight_quantizer._scale
 def config_groups() -> dict[str, Any]:
     """``config_groups`` as ModelOpt maps the scheme (its ``convert_hf_quant_config_format`` writes them for plain FP8
     only; the mapping of the other algorithms is its ``_quant_algo_to_group_config``)."""
+    modelopt_imported()
     from modelopt.torch.export.convert_hf_config import _quant_algo_to_group_config
 
     return {"group_0": {**_quant_algo_to_group_config(QUANT_ALGO), "targets": ["Linear"]}}
