@@ -16,7 +16,7 @@ import torch
 from release.core.errors import ReleaseError
 
 DEVICE_ENV = "RELEASE_DEVICE"
-MODELOPT = "modelopt.torch.quantization"  # imports modelopt.torch, and pulp with it
+MODELOPT_PACKAGE = "modelopt.torch.quantization"  # imports modelopt.torch, and pulp with it
 
 
 def compute_device() -> str:
@@ -46,17 +46,17 @@ def modelopt_imported() -> None:
     a build, the build's model and everything its callers held lived as long as the process (in a campaign under
     ``--max-gpu-memory``, the first build's GPU memory beside every later model). A thread's frames end at the
     thread."""
-    if MODELOPT in sys.modules:
+    if MODELOPT_PACKAGE in sys.modules:
         return
     failed: list[BaseException] = []
 
     def run() -> None:
         try:
-            importlib.import_module(MODELOPT)
+            importlib.import_module(MODELOPT_PACKAGE)
         except BaseException as exc:  # raised again on the calling thread
             failed.append(exc)
 
-    thread = threading.Thread(target=run, name=f"import {MODELOPT}")
+    thread = threading.Thread(target=run, name=f"import {MODELOPT_PACKAGE}")
     thread.start()
     thread.join()
     if failed:
