@@ -95,9 +95,10 @@ def test_the_lean_calls_give_modelopt_s_bits(name: str, tiny: Path, rtn_build: P
     into the stored norms and weights) and the per-channel family's (per-token input amax); every quantized Linear
     is lean, and every module kept in BF16 plain."""
     from release.core.builds import load_release
+    from release.core.config import NATIVE_STEPS
     from release.inputs.observations import load_observations
     from release.inputs.policy import load_pipeline, rollout
-    from release.measure.evaluate import NATIVE_STEPS, select
+    from release.measure.evaluate import select
     from tests.conftest import invoke
 
     build = load_build(name)

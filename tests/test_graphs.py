@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from release.core.builds import load_release
+from release.core.config import NATIVE_STEPS
 from release.core.device import compute_device
 from release.core.errors import ReleaseError
 from release.inputs.graphs import (
@@ -30,7 +31,7 @@ from release.inputs.graphs import (
 )
 from release.inputs.observations import Observation, load_observations
 from release.inputs.policy import load_pipeline, map_tensors, rollout
-from release.measure.evaluate import HOW, NATIVE_STEPS, EvalRequest, _rollout_paths, rollouts, select
+from release.measure.evaluate import HOW, EvalRequest, _rollout_paths, rollouts, select
 from tests.conftest import invoke
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device; this machine has none")

@@ -79,8 +79,8 @@ def test_messages_resolve_their_markers_once_formatted() -> None:
 
 
 def test_card_templates_have_the_particle_filter() -> None:
-    from release.publish.card.i18n import environment, translations
+    from release.publish.card.i18n import TEMPLATES, environment, translations
 
-    env = environment(translations("ko"))
+    env = environment(translations("ko"), TEMPLATES)
     assert env.from_string("{{ x|particle('을(를)') }}, {{ y|particle('(으)로') }}").render(x="RTN", y=10) == \
         "RTN을, 10으로"

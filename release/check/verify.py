@@ -40,6 +40,7 @@ from release.check.report import (
 from release.check.values import check_consistency, check_values, read_tensors
 from release.core.builds import load_build, load_release
 from release.core.config import BuildConfig, ReleaseConfig
+from release.core.device import libraries_loaded
 from release.core.errors import ReleaseError
 from release.core.io import json_text, write_set
 from release.core.output import progress, warning
@@ -335,6 +336,7 @@ def verify_builds(requests: list[VerifyRequest], fmt: str = "text") -> bool:
 
     if fmt == "json" and world().size > 1:
         raise ReleaseError("--format json: one process prints one document; run release verify without torchrun")
+    libraries_loaded()
     verifier = Verifier(tables=fmt == "text")
     ok = True
     for request in world().share(requests):

@@ -112,6 +112,11 @@ class PolicySettings(Strict):
                              "hold beyond one noise draw (K times the rollouts)")
 
 
+# diffusers' step policy off: a candidate runs W8A8 on every step (served: its StepSchedule's), the card's diffusers
+# setting; here, not in release.measure.evaluate, so that a card does not import the evaluation's torch and diffusers.
+NATIVE_STEPS = {"mixed_precision_format": "none"}
+
+
 class StepPolicy(Strict):
     """The policy server's step policy, as ``release eval --path served`` runs it: step ``i`` of ``n`` runs W8A16
     (the weight dequantized to BF16, a BF16 matmul) when ``i < w8a16_first_steps`` or ``i >= n -

@@ -1,8 +1,9 @@
 """Where models run (``RELEASE_DEVICE``), freeing what a dropped model held there (and ModelOpt imported so that it
-holds nothing), and torch's default dtype kept across a load."""
+holds nothing, the libraries' objects out of the collector's walk), and torch's default dtype kept across a load."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib
 import os
@@ -61,6 +62,24 @@ def modelopt_imported() -> None:
     thread.join()
     if failed:
         raise failed[0]
+
+
+@functools.cache
+def libraries_loaded() -> None:
+    """diffusers' policy classes imported (torch and transformers with them), then everything the process holds
+    moved out of the cyclic collector's reach (``gc.freeze``), once per process.
+
+    A full collection walked about 620,000 objects with diffusers and ModelOpt imported, 450,000 of them these
+    libraries', all living as long as the process: 0.35 s on the CPU machine, and the tiny campaign made 65 such
+    collections (:func:`free_memory`'s and the collector's own), 26 s of its 430 (BENCHMARKS.md). Each stage that
+    loads models calls this first, while it holds none: what is frozen is never collected as a cycle, so a model
+    frozen in one would stay for the life of the process. ModelOpt is not imported here: a stage that needs no
+    build (a finished campaign's rerun) does not pay its 11 s, and its first import happens inside a build, where
+    a freeze would take the build's model with it."""
+    from diffusers import AutoencoderKLWan, Cosmos3OmniPipeline, Cosmos3OmniTransformer  # noqa: F401
+
+    gc.collect()
+    gc.freeze()
 
 
 @contextmanager

@@ -24,7 +24,8 @@ import torch
 from release import __version__
 from release.check.written import record_written
 from release.core.builds import load_build, load_release
-from release.core.config import BuildConfig, PolicySettings, ReleaseConfig, StepPolicy
+from release.core.config import NATIVE_STEPS, BuildConfig, PolicySettings, ReleaseConfig, StepPolicy
+from release.core.device import libraries_loaded
 from release.core.errors import ReleaseError
 from release.core.io import atomic_write, cache_dir, parse_json, replacing, write_json
 from release.core.memory import resident_bytes
@@ -55,9 +56,8 @@ EMULATION = "fp8-gemm-emulation/6"
 # The served path reads the stored weight_scale / input_scale, which a GPU build writes as amax x fp32(1/448) since
 # release.core.fp8.serving_scale (before: the CPU's quotient); its rollouts cached before that are not reused.
 STORED_SCALES = "stored-scales/2"
-# diffusers' step policy off: a candidate runs W8A8 on every step (served: its StepSchedule's), the card's diffusers
-# setting. Since steps/1 fake-quant and deployed rollouts record each step's mode; those cached before are not reused.
-NATIVE_STEPS = {"mixed_precision_format": "none"}
+# Since steps/1 fake-quant and deployed rollouts record each step's mode (NATIVE_STEPS: diffusers' step policy off);
+# those cached before are not reused.
 PACK = 16  # observations per packed rollout on the CPU: 1.4x a lone fake-quant rollout's speed (BENCHMARKS.md)
 STEPS_RECORDED = "steps/1"
 
@@ -399,6 +399,7 @@ def run_eval(request: EvalRequest) -> list[Path]:
     Under torchrun the ranks share the rollouts and rank 0 writes the results (the others return none)."""
     from release.core.distributed import world
 
+    libraries_loaded()
     obs, seeds = _series(request, [request.split])  # the observation set checked first
     sigma = action_sigma(request.observations, request.release.action_stats, request.release.policy.action_dims)
     labels = {s.build.name: _label(request, s) for s in request.subjects}  # before any model runs

@@ -38,6 +38,7 @@ from release.check.report import (
 from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 from release.core.builds import load_build
 from release.core.config import BuildConfig, ReleaseConfig, builds_dir
+from release.core.device import libraries_loaded
 from release.core.errors import ReleaseError
 from release.core.io import json_digest, parse_json, write_json
 from release.core.output import info, progress
@@ -281,6 +282,7 @@ def run_campaign(request: CampaignRequest) -> tuple[list[Path], bool]:
     recommend), tables and selection again on the complete results, then the cards. Returns the cards written and
     whether every build passed its verification. With ``executor`` processes or slurm the sweep's builds are jobs
     (:func:`_sweep_as_jobs`) and the rest runs here, as in one process."""
+    libraries_loaded()
     with _one_driver(request.dist):
         return _campaign(request)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from release.core.device import libraries_loaded
 from release.core.errors import ReleaseError
 from release.core.output import info, warning
 from release.core.rules import Executor
@@ -44,6 +45,7 @@ def in_job(builds: Path, cap: str | None) -> None:
 
     config.BUILDS_OPTION[:] = [builds]
     set_cap(cap)
+    libraries_loaded()
 
 
 def submitit_module() -> Any:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from release.check.verify import REFERENCE_BUILD, Verifier, VerifyRequest
 from release.core.config import BuildConfig
+from release.core.device import libraries_loaded
 from release.core.distributed import world
 from release.core.output import progress
 from release.inputs.fixture import fixture_reference
@@ -22,6 +23,7 @@ def run_builds(request: BuildRequest) -> bool:
     against the fixture's reference (ModelOpt's own export, for a tiny fixture's source), else the RTN build; True
     when all checks passed. Under torchrun each rank makes and verifies its share."""
     fixtures = fixture_reference(request.source)  # before any work: a recorded reference that is gone is refused
+    libraries_loaded()
     builder = Builder.prepare(request)
     # the reference first: in one process every other build is then verified against it as soon as it is made;
     # under torchrun a rank that does not make the reference verifies its builds once every rank is done

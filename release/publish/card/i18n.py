@@ -75,9 +75,12 @@ def _compiled(path: Path, lang: str) -> Translations:
     return _Messages(buf)
 
 
+_SOURCE = NullTranslations()  # one object, so that the source language's environment is cached too
+
+
 def translations(lang: str) -> NullTranslations:
     """The language's catalog, compiled in memory (fuzzy entries are left out: ``check_catalog`` refuses them)."""
-    return NullTranslations() if lang == SOURCE_LANG else _compiled(_po(lang), lang)
+    return _SOURCE if lang == SOURCE_LANG else _compiled(_po(lang), lang)
 
 
 @functools.cache
@@ -156,9 +159,12 @@ class Formatter:
         return format_date(value, "long", locale=self.lang)
 
 
-def environment(tr: NullTranslations) -> jinja2.Environment:
+@functools.cache
+def environment(tr: NullTranslations, templates: Path) -> jinja2.Environment:
+    """The cards' Jinja environment for a catalog and a templates folder, one per process, so that a template is
+    compiled once, not once per card (the loader still reloads a template whose file changed)."""
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
+        loader=jinja2.FileSystemLoader(templates),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -172,7 +178,7 @@ def environment(tr: NullTranslations) -> jinja2.Environment:
 def render_template(name: str, context: dict[str, Any], lang: str) -> str:
     """A template rendered in ``lang``; an undefined variable or a syntax error is one line naming the template
     file and line."""
-    env = environment(translations(lang))
+    env = environment(translations(lang), TEMPLATES)
     try:
         return env.get_template(name).render(**context)
     except jinja2.UndefinedError as exc:

@@ -3,6 +3,7 @@ that fail their gate."""
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 from pathlib import Path
@@ -27,15 +28,16 @@ from release.publish.card.labels import (
 from release.publish.card.rows import groups_of, in_group
 
 
-def _use_hangul_font() -> None:
-    """Register the NanumGothic files koreanize-matplotlib ships and make it the font family.
+@functools.cache
+def _register_hangul_font() -> None:
+    """Register the NanumGothic files koreanize-matplotlib ships, once per process (each registration parses them).
 
     Importing ``koreanize_matplotlib`` does the same but imports ``distutils``, which Python 3.12 removed,
     so only its font folder is used.
     """
     from importlib.util import find_spec
 
-    from matplotlib import font_manager, rcParams
+    from matplotlib import font_manager
 
     spec = find_spec("koreanize_matplotlib")
     if spec is None or not spec.submodule_search_locations:
@@ -44,6 +46,13 @@ def _use_hangul_font() -> None:
     fonts = Path(next(iter(spec.submodule_search_locations))) / "fonts"
     for ttf in sorted(fonts.glob("*.ttf")):
         font_manager.fontManager.addfont(str(ttf))
+
+
+def _use_hangul_font() -> None:
+    """NanumGothic as the font family (it has Latin letters too)."""
+    from matplotlib import rcParams
+
+    _register_hangul_font()
     rcParams["font.family"] = "NanumGothic"
     rcParams["axes.unicode_minus"] = False
 

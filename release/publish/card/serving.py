@@ -8,7 +8,7 @@ build's own ``transformer/config.json`` (its ``quant_algo`` and the step policy 
 
 The step policy of the Use section (:func:`serving`): what each evaluated path ran, as its results record it; the
 diffusers setting printed, the one the fake-quant and deployed evaluations pass to the pipeline
-(``release.measure.evaluate.NATIVE_STEPS``), and what diffusers runs with and without it, read with diffusers' own
+(``release.core.config.NATIVE_STEPS``), and what diffusers runs with and without it, read with diffusers' own
 schedule (``Cosmos3MixedPrecisionConfig``) from the build's ``quantization_config``. A result that ran other steps
 than the card prints for its runtime is refused: the printed setting would not reproduce it. The Use code imports
 ModelOpt's ``fp8_per_tensor_gemm``, which registers its FP8 GEMM (ModelOpt 0.47 never imports it): without it each
@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from release.core.config import ReleaseConfig, StepPolicy
+from release.core.config import NATIVE_STEPS, ReleaseConfig, StepPolicy
 from release.core.errors import ReleaseError
 from release.core.io import read_json
 from release.publish.card.i18n import _
@@ -178,8 +178,6 @@ def serving(folder: Path, release: ReleaseConfig, records: list[dict[str, Any]],
             t: Any) -> Serving:
     """The Use section's step policy from the build's ``records`` (tables.json) and its folder: for a build that is
     not delivered, what its evaluation ran alone."""
-    from release.measure.evaluate import NATIVE_STEPS
-
     recorded = recorded_steps(records)
     evaluated = _evaluated(recorded, t)
     if not deliverable:
