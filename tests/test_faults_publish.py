@@ -329,6 +329,22 @@ def test_a_push_with_nothing_to_change_still_clears_what_a_killed_push_left(dist
     assert not stale.exists() and running.is_dir()
 
 
+def test_the_jobs_folder_of_a_dist_is_not_published(dist: Path, tmp_path: Path) -> None:
+    """``--executor processes|slurm`` leaves submitit's folder in DIST/.jobs/ (the jobs' pickled calls and logs, which
+    may quote the environment): no build's file, so neither the plan nor the push takes anything from it."""
+    jobs = dist / ".jobs"
+    jobs.mkdir()
+    (jobs / "4242_0_log.err").write_text(f"HF_TOKEN={HF_TOKEN_LIKE}\n")
+    (jobs / "4242_submitted.pkl").write_bytes(b"\x80\x04N.")
+    target = tmp_path / "hub"
+    plan = _push(dist, target, "--dry-run")
+    assert plan.exit_code == 0 and ".jobs" not in plan.output and HF_TOKEN_LIKE not in plan.output, plan.output
+    result = _push(dist, target)
+    assert result.exit_code == 0 and HF_TOKEN_LIKE not in result.output, result.output
+    pushed = sorted(str(p.relative_to(target)) for p in target.rglob("*") if p.is_file())
+    assert pushed and not [p for p in pushed if ".jobs" in p or p.endswith((".pkl", "_log.err"))], pushed
+
+
 # ---------------------------------------------------------------- 3. skipped is not passed
 
 
