@@ -399,10 +399,10 @@ def run_eval(request: EvalRequest) -> list[Path]:
     Under torchrun the ranks share the rollouts and rank 0 writes the results (the others return none)."""
     from release.core.distributed import world
 
-    libraries_loaded()
     obs, seeds = _series(request, [request.split])  # the observation set checked first
     sigma = action_sigma(request.observations, request.release.action_stats, request.release.policy.action_dims)
     labels = {s.build.name: _label(request, s) for s in request.subjects}  # before any model runs
+    libraries_loaded()  # after the inputs' checks: a bad one is refused without the libraries' import
     reference = rollouts(request, "bf16", lambda: None, obs, seeds, {}, packable=True)
     written = []
     for subject in request.subjects:
